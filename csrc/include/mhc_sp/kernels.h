@@ -1,0 +1,55 @@
+#pragma once
+// Kernel entry points of one backend: raw pointers, no checks. The ops (csrc/mhc_ops.cpp) validate,
+// allocate, and call the table of the tensors' device: cpu_kernels() (csrc/cpu, compiled once per
+// instruction set, best one picked at run time) or cuda_kernels() (csrc/cuda, current stream).
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+
+#include "mhc_sp/scalars.h"
+
+namespace mhc_sp {
+
+using c10::BFloat16;
+
+// mhc_post: residual_out[t,j,:] = post[t,j] * x[t,:] + sum_i comb[t,i,j] * residual[t,i,:]
+struct PostParams {
+  int64_t T, n, H;
+  const BFloat16* x;         // (T, H)
+  const BFloat16* residual;  // (T, n, H)
+  const float* post;         // (T, n)
+  const float* comb;         // (T, n, n)
+  BFloat16* residual_out;    // (T, n, H)
+};
+
+// The projection + coefficients + collapse shared by mhc_pre, mhc_post_pre,
+// mhc_pre_broadcast (fn pre-summed over streams, (rows, H)) and hc_head (rows = n, post/comb null).
+struct PreParams {
+  int64_t T, n, H;
+  int64_t rows;               // fn rows: n*(n+2), or n for hc_head
+  const float* fn;            // (rows, n*H), or (rows, H) for mhc_pre_broadcast
+  const float* scale;         // (3,) or (1,) for hc_head
+  const float* base;          // (rows,)
+  const float* norm_weight;   // (H,) fp32 or nullptr
+  MhcScalars s;
+  float* post;                // (T, n) or nullptr (hc_head)
+  float* comb;                // (T, n, n) or nullptr (hc_head)
+  BFloat16* out;              // (T, H): layer_input, or hc_head's hidden
+};
+
+struct KernelTable {
+  const char* name;  // backend / instruction set, reported by build_info()
+  void (*mhc_post)(const PostParams&);
+  void (*mhc_pre)(const BFloat16* residual, const PreParams&);
+  void (*mhc_post_pre)(const PostParams&, const PreParams&);
+  void (*mhc_pre_broadcast)(const BFloat16* x, BFloat16* residual_out, const PreParams&);
+  void (*hc_head)(const BFloat16* residual, const PreParams&);
+};
+
+const KernelTable& cpu_kernels();
+#if defined(MHC_SP_WITH_CUDA)
+const KernelTable& cuda_kernels();
+#endif
+
+}  // namespace mhc_sp

@@ -1,0 +1,75 @@
+// All op schemas of DESIGN §2 (the contract engines call), and the Python module mhc_sp._C.
+// Implementations register themselves per dispatch key next to their code; fake (meta)
+// implementations live in python/mhc_sp/_fake.py.
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+#if defined(MHC_SP_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+#include "mhc_sp/kernels.h"
+
+#define MHC_SP_SCALARS                                                                     \
+  "float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, float hc_post_mult, int sinkhorn_iters, " \
+  "float norm_eps"
+
+TORCH_LIBRARY(mhc_sp, m) {
+  m.set_python_module("mhc_sp._fake");
+  m.def("mhc_pre(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
+        ") -> (Tensor post, Tensor comb, Tensor layer_input)");
+  m.def("mhc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor");
+  m.def("mhc_post_pre(Tensor x, Tensor residual, Tensor post, Tensor comb, Tensor fn, Tensor hc_scale, "
+        "Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
+        ") -> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
+  m.def("mhc_pre_broadcast(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
+        ") -> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
+  m.def("hc_head(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, float rms_eps, float hc_eps) -> Tensor");
+
+  m.def("shard_tokens(Tensor x, int rank, int world_size) -> Tensor");
+  m.def("all_gather(Tensor x, str group, int num_tokens) -> Tensor");
+  m.def("reduce_scatter(Tensor x, str group) -> Tensor");
+  m.def("all_reduce(Tensor x, str group) -> Tensor");
+
+  m.def("fused_entry(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, str group, "
+        "bool sharded, " MHC_SP_SCALARS ") -> (Tensor residual, Tensor post, Tensor comb, Tensor layer_input)");
+  m.def("fused_layer(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor fn, Tensor hc_scale, "
+        "Tensor hc_base, Tensor? norm_weight, str group, bool sharded, int num_tokens, " MHC_SP_SCALARS
+        ") -> (Tensor residual_out, Tensor post_out, Tensor comb_out, Tensor layer_input)");
+  m.def("fused_head(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor head_fn, "
+        "Tensor head_scale, Tensor head_base, str group, bool sharded, int num_tokens, float rms_eps, "
+        "float hc_eps) -> (Tensor hidden, Tensor residual_out)");
+}
+
+namespace {
+
+pybind11::dict build_info() {
+  pybind11::dict info;
+  info["torch_version"] = MHC_SP_TORCH_VERSION;
+  info["cpu_kernels"] = mhc_sp::cpu_kernels().name;
+#if defined(MHC_SP_WITH_CUDA)
+  info["cuda"] = true;
+  info["cuda_arch_list"] = MHC_SP_CUDA_ARCH_LIST;
+  info["cuda_runtime_built"] = CUDART_VERSION;
+  info["nccl_version"] = pybind11::make_tuple(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  int nccl_runtime = 0;
+  if (ncclGetVersion(&nccl_runtime) == ncclSuccess) info["nccl_runtime_version"] = nccl_runtime;
+#else
+  info["cuda"] = false;
+  info["cuda_arch_list"] = pybind11::none();
+  info["cuda_runtime_built"] = pybind11::none();
+  info["nccl_version"] = pybind11::none();
+#endif
+  return info;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "mhc_sp native extension: registers torch.ops.mhc_sp.* on import";
+  m.def("build_info", &build_info,
+        "torch version built against, CPU kernel ISA, CUDA on/off, CUDA arch list, NCCL version");
+}

@@ -1,0 +1,140 @@
+"""Build mhc_sp's C++/CUDA extension (mhc_sp._C) with CMake + Ninja.
+
+Switches (environment):
+  MHC_SP_CUDA=auto|0|1    compile the CUDA sources (auto: when torch has CUDA and nvcc is found)
+  TORCH_CUDA_ARCH_LIST     CUDA architectures, default "9.0a" (e.g. "9.0a;10.0a")
+  CUDA_HOME                CUDA toolkit root (default /usr/local/cuda when it holds nvcc)
+  MAX_JOBS                 parallel compile jobs
+  MHC_SP_DEBUG=1           -O0 -g build
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _find_nvcc():
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(Path(on_path))
+    for nvcc in candidates:
+        if nvcc.is_file():
+            return nvcc.resolve()
+    return None
+
+
+def _cuda_decision(torch):
+    mode = os.environ.get("MHC_SP_CUDA", "auto").lower()
+    if mode not in ("auto", "0", "1"):
+        raise RuntimeError(f"MHC_SP_CUDA must be auto, 0 or 1, got {mode!r}")
+    if mode == "0":
+        return None
+    nvcc = _find_nvcc()
+    problems = []
+    if torch.version.cuda is None:
+        problems.append(f"torch {torch.__version__} is a CPU-only build")
+    if nvcc is None:
+        problems.append("nvcc not found (set CUDA_HOME)")
+    if problems:
+        if mode == "1":
+            raise RuntimeError("MHC_SP_CUDA=1 but " + "; ".join(problems))
+        print("mhc_sp: building without CUDA: " + "; ".join(problems), file=sys.stderr)
+        return None
+    return nvcc
+
+
+def _cuda_architectures(arch_list):
+    # "9.0a;10.0a" -> "90a;100a" (CMake CUDA_ARCHITECTURES syntax)
+    archs = []
+    for item in arch_list.replace(",", ";").replace(" ", ";").split(";"):
+        item = item.strip().replace("+PTX", "")
+        if item:
+            archs.append(item.replace(".", ""))
+    return ";".join(archs)
+
+
+def _nccl_dirs():
+    try:
+        import nvidia.nccl as nccl_pkg
+    except ImportError:
+        return None
+    for base in nccl_pkg.__path__:
+        base = Path(base)
+        if (base / "include" / "nccl.h").is_file() and (base / "lib" / "libnccl.so.2").is_file():
+            return base / "include", base / "lib"
+    return None
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import pybind11
+        import torch
+        from torch.utils import cpp_extension
+
+        out_path = Path(self.get_ext_fullpath(ext.name)).resolve()
+        # A fixed build folder keeps rebuilds (editable installs included) incremental.
+        tag = "cuda" if os.environ.get("MHC_SP_CUDA", "auto") != "0" else "cpu"
+        build_dir = ROOT / "build" / f"cmake-{sys.implementation.cache_tag}-{tag}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+
+        nvcc = _cuda_decision(torch)
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
+        torch_lib = Path(torch.__file__).parent / "lib"
+        args = [
+            f"-DMHC_SP_OUTPUT={out_path}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DMHC_SP_PYTHON_INCLUDE={sysconfig.get_paths()['include']}",
+            f"-DMHC_SP_PYBIND11_INCLUDE={pybind11.get_include()}",
+            f"-DMHC_SP_TORCH_INCLUDES={';'.join(cpp_extension.include_paths())}",
+            f"-DMHC_SP_TORCH_LIB={torch_lib}",
+            f"-DMHC_SP_TORCH_VERSION={torch.__version__}",
+            f"-DMHC_SP_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-DCMAKE_BUILD_TYPE={'Debug' if os.environ.get('MHC_SP_DEBUG') == '1' else 'Release'}",
+            "-G", "Ninja",
+        ]
+        if nvcc is not None:
+            cuda_home = nvcc.parent.parent
+            args += [
+                "-DMHC_SP_CUDA=ON",
+                f"-DCMAKE_CUDA_COMPILER={nvcc}",
+                f"-DCUDAToolkit_ROOT={cuda_home}",
+                f"-DMHC_SP_CUDA_ARCHS={_cuda_architectures(arch_list)}",
+                f"-DMHC_SP_CUDA_ARCH_LIST={arch_list}",
+            ]
+            nccl = _nccl_dirs()
+            if nccl is None:
+                raise RuntimeError(
+                    "CUDA build needs NCCL: pip install nvidia-nccl-cu13 (or -cu12 beside a CUDA 12 torch)"
+                )
+            args += [f"-DMHC_SP_NCCL_INCLUDE={nccl[0]}", f"-DMHC_SP_NCCL_LIB={nccl[1]}"]
+        else:
+            args.append("-DMHC_SP_CUDA=OFF")
+
+        env = dict(os.environ)
+        if "MAX_JOBS" in env:
+            env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", env["MAX_JOBS"])
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        subprocess.check_call(["cmake", "--build", str(build_dir)], env=env)
+
+
+setup(
+    ext_modules=[CMakeExtension("mhc_sp._C")],
+    cmdclass={"build_ext": CMakeBuild},
+)
