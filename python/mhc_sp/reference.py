@@ -146,3 +146,43 @@ def fused_head(partials, residuals, posts, combs, head_fn, head_scale, head_base
     hidden = [hc_head(s, head_fn, head_scale, head_base, rms_eps, hc_eps) for s in streams]
     gathered = all_gather(hidden, num_tokens) if sharded else None
     return [((gathered if sharded else h[:num_tokens]), s) for h, s in zip(hidden, streams)]
+
+
+# ---- tolerances and inputs shared by tests and benchmarks ----------------------------------
+
+#: DESIGN §1: fair tolerances for fp32-math kernels.
+COEFF_TOL = dict(rtol=1e-4, atol=1e-5)
+BF16_TOL = dict(rtol=1e-2, atol=2e-2)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str = "") -> None:
+    """DESIGN's tolerance for the tensor's kind: bf16 streams or fp32 coefficients."""
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    tol = BF16_TOL if expected.dtype == torch.bfloat16 else COEFF_TOL
+    torch.testing.assert_close(actual.float(), expected.float(), **tol, msg=lambda m: f"{name}: {m}")
+
+
+def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
+    """Inputs for every math op at V4-like scales (keys as in the golden file's ``inputs``)."""
+    g = torch.Generator().manual_seed(seed)
+    M = n * (n + 2)
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    comb_logits = randn(T, n, n)
+    out = {
+        "residual": randn(T, n, H).to(torch.bfloat16),
+        "x": randn(T, H).to(torch.bfloat16),
+        "fn": randn(M, n * H, std=(n * H) ** -0.5),
+        "scale": 0.5 + torch.rand(3, generator=g),
+        "base": randn(M, std=0.5),
+        "post": 2 * torch.sigmoid(randn(T, n)),
+        "comb": sinkhorn(comb_logits, 20, 1e-6),
+        "head_fn": randn(n, n * H, std=(n * H) ** -0.5),
+        "head_scale": 0.5 + torch.rand(1, generator=g),
+        "head_base": randn(n, std=0.5),
+        "norm_weight": (1 + randn(H, std=0.1)).to(torch.bfloat16),
+    }
+    return {k: v.to(device) for k, v in out.items()}
