@@ -11,6 +11,7 @@
 #include <nccl.h>
 #endif
 
+#include "mhc_sp/comm.h"
 #include "mhc_sp/kernels.h"
 
 #define MHC_SP_SCALARS                                                                     \
@@ -70,6 +71,36 @@ pybind11::dict build_info() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "mhc_sp native extension: registers torch.ops.mhc_sp.* on import";
+  // Helpers below raise c10 errors; surface them as the Python exception types the ops raise.
+  pybind11::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
   m.def("build_info", &build_info,
         "torch version built against, CPU kernel ISA, CUDA on/off, CUDA arch list, NCCL version");
+
+  // Group registry, driven by mhc_sp.distributed (init / destroy).
+  m.def("register_group", &mhc_sp::register_group, pybind11::arg("name"), pybind11::arg("rank"),
+        pybind11::arg("world"));
+  m.def("unregister_all_groups", &mhc_sp::unregister_all_groups);
+  m.def("group_rank_world", [](const std::string& name) {
+    const auto g = mhc_sp::registered_group(name);
+    return pybind11::make_tuple(g.rank, g.world);
+  });
+#if defined(MHC_SP_WITH_CUDA)
+  m.def("nccl_unique_id", [] { return pybind11::bytes(mhc_sp::nccl_unique_id()); });
+  m.def("init_nccl_communicator",
+        [](const std::string& name, pybind11::bytes unique_id, int64_t device) {
+          const std::string id = unique_id;
+          pybind11::gil_scoped_release no_gil;  // blocks until every rank joins
+          mhc_sp::init_nccl_communicator(name, id, device);
+        });
+#endif
 }

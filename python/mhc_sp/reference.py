@@ -124,12 +124,18 @@ def fused_entry(x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded:
     return [(*o[:3], layer_input) for o in outs]
 
 
+def _reduce(partials, sharded: bool, num_tokens: int):
+    """Rows past num_tokens of a partial are ignored, so the stream's padding rows stay zero."""
+    partials = [p[:num_tokens] for p in partials]
+    return reduce_scatter(partials) if sharded else all_reduce(partials)
+
+
 def fused_layer(partials, residuals, posts, combs, fn, hc_scale, hc_base, norm_weight,
                 sharded: bool, num_tokens: int, cfg: MhcConfig = DEFAULT):
     """One sublayer boundary for every rank. partials: each rank's un-reduced (T, H) output;
     residuals/posts/combs: each rank's stream (its shard when sharded, everything otherwise).
     Returns per rank (residual_out, post_out, comb_out, layer_input (num_tokens, H))."""
-    xs = reduce_scatter(partials) if sharded else all_reduce(partials)
+    xs = _reduce(partials, sharded, num_tokens)
     outs = [mhc_post_pre(x, res, p, c, fn, hc_scale, hc_base, norm_weight, cfg)
             for x, res, p, c in zip(xs, residuals, posts, combs)]
     if sharded:
@@ -141,7 +147,7 @@ def fused_layer(partials, residuals, posts, combs, fn, hc_scale, hc_base, norm_w
 def fused_head(partials, residuals, posts, combs, head_fn, head_scale, head_base, sharded: bool,
                num_tokens: int, rms_eps: float = DEFAULT.rms_eps, hc_eps: float = DEFAULT.hc_eps):
     """Per rank: (hidden (num_tokens, H), residual_out) - the final post, then hc_head."""
-    xs = reduce_scatter(partials) if sharded else all_reduce(partials)
+    xs = _reduce(partials, sharded, num_tokens)
     streams = [mhc_post(x, res, p, c) for x, res, p, c in zip(xs, residuals, posts, combs)]
     hidden = [hc_head(s, head_fn, head_scale, head_base, rms_eps, hc_eps) for s in streams]
     gathered = all_gather(hidden, num_tokens) if sharded else None
