@@ -20,8 +20,8 @@ extern const KernelTable table;
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
 constexpr int64_t kV2 = 2 * kV;       // one Vectorized<BFloat16> worth of elements
-constexpr int kTokenBlock = 4;        // tokens whose projection shares each fn chunk
-constexpr int64_t kChunk = 256;       // hidden elements per projection chunk (L1-resident scratch)
+constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn chunk
+constexpr int64_t kChunk = 256;       // hidden elements per projection chunk (scratch stays in L1)
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
 
@@ -62,13 +62,10 @@ void dispatch_hc_mult(int64_t n, F&& f) {
   TORCH_CHECK(false, "hc_mult ", n, " is outside [1, ", kMaxHcMult, "]");
 }
 
-// mhc_post for one token over hidden range [h0, h1). When `scratch` is set, the bf16-rounded
-// outputs are also written there as fp32 (stream j at scratch + j * scratch_stride), which is
-// what the following pre projects in mhc_post_pre.
+// mhc_post for one token over hidden range [h0, h1).
 template <int N>
 void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
-               const float* comb, BFloat16* out, int64_t h0, int64_t h1, float* scratch,
-               int64_t scratch_stride) {
+               const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = Vec(post[j]);
   for (int i = 0; i < N; ++i)
@@ -85,10 +82,6 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
       store2(out + j * H + h, oa, ob);
-      if (scratch) {
-        oa.store(scratch + j * scratch_stride + (h - h0));
-        ob.store(scratch + j * scratch_stride + (h - h0) + kV);
-      }
     }
   }
   for (; h < h1; ++h) {
@@ -96,8 +89,7 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
     for (int j = 0; j < N; ++j) {
       float o = post[j] * xv;
       for (int i = 0; i < N; ++i) o += comb[i * N + j] * static_cast<float>(res[i * H + h]);
-      const float r = round_bf16(o, out + j * H + h);
-      if (scratch) scratch[j * scratch_stride + (h - h0)] = r;
+      out[j * H + h] = BFloat16(o);
     }
   }
 }
@@ -113,13 +105,13 @@ void mhc_post(const PostParams& p) {
         const int64_t t = w / spans, h0 = (w % spans) * kPostSpan;
         post_span<N>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
                      p.comb + t * N * N, p.residual_out + t * N * p.H, h0,
-                     std::min(p.H, h0 + kPostSpan), nullptr, 0);
+                     std::min(p.H, h0 + kPostSpan));
       }
     });
   });
 }
 
-// acc[r][m] += xs[r][:kc] * f[m][:kc] for a TR x MR tile; xs rows are kChunk apart, f rows fstride.
+// acc[r][m] += xs[r][:kc] . f[m][:kc] for a TR x MR tile; xs rows kChunk apart, f rows fstride.
 template <int TR, int MR>
 inline void dot_tile(const float* xs, const float* f, int64_t fstride, int64_t kc, Vec* acc) {
   Vec a[TR][MR];
@@ -147,39 +139,30 @@ inline void dot_tile(const float* xs, const float* f, int64_t fstride, int64_t k
     for (int m = 0; m < MR; ++m) acc[r * kMaxRows + m] = a[r][m];
 }
 
-// mix[t][m] = sum_k X[t,k] fn[m,k] and sum_k X[t,k]^2 for a block of tokens, fed chunk by chunk.
+// mix[r][m] = X[r, :] . fn[m, :] for a block of tokens, fed one fp32 chunk of X at a time. The
+// token block amortises each fn chunk over many tokens (fn is read once per block, from L2/L3).
 struct Projection {
   const float* fn;
   int64_t rows, fstride;
   int tokens;
   Vec acc[kTokenBlock * kMaxRows];
-  Vec sumsq[kTokenBlock];
 
   Projection(const float* fn_, int64_t rows_, int64_t fstride_, int tokens_)
       : fn(fn_), rows(rows_), fstride(fstride_), tokens(tokens_) {
-    for (auto& v : acc) v = Vec(0.f);
-    for (auto& v : sumsq) v = Vec(0.f);
+    for (int i = 0; i < tokens * kMaxRows; ++i) acc[i] = Vec(0.f);
   }
 
   // xs: `tokens` rows of kc fp32 values, kChunk apart, holding X[:, k0:k0+kc].
   void add(const float* xs, int64_t k0, int64_t kc) {
-    for (int r = 0; r < tokens; ++r) {
-      int64_t k = 0;
-      for (; k + kV <= kc; k += kV) {
-        const Vec v = Vec::loadu(xs + r * kChunk + k);
-        sumsq[r] = at::vec::fmadd(v, v, sumsq[r]);
-      }
-      if (k < kc) {
-        const Vec v = Vec::loadu(xs + r * kChunk + k, static_cast<int>(kc - k));
-        sumsq[r] = at::vec::fmadd(v, v, sumsq[r]);
-      }
-    }
     const float* f = fn + k0;
     int64_t m = 0;
-    for (; m + 4 <= rows; m += 4) tile<4>(xs, f + m * fstride, kc, m);
+    for (; m + 6 <= rows; m += 6) tile<6>(xs, f + m * fstride, kc, m);
+    for (; m + 2 <= rows; m += 2) tile<2>(xs, f + m * fstride, kc, m);
     for (; m < rows; ++m) tile<1>(xs, f + m * fstride, kc, m);
   }
 
+  // 2 tokens x 6 rows = 12 independent accumulators: enough to hide FMA latency on two ports
+  // while staying within 16 vector registers.
   template <int MR>
   void tile(const float* xs, const float* f, int64_t kc, int64_t m) {
     int r = 0;
@@ -189,8 +172,21 @@ struct Projection {
   }
 
   float mix(int r, int64_t m) const { return hsum(acc[r * kMaxRows + m]); }
-  float squares(int r) const { return hsum(sumsq[r]); }
 };
+
+// sum of squares of a bf16 row.
+float row_squares(const BFloat16* row, int64_t len) {
+  Vec sq(0.f);
+  int64_t h = 0;
+  for (; h + kV2 <= len; h += kV2) {
+    Vec a, b;
+    load2(row + h, a, b);
+    sq = at::vec::fmadd(a, a, at::vec::fmadd(b, b, sq));
+  }
+  float tail = 0.f;
+  for (; h < len; ++h) tail += static_cast<float>(row[h]) * static_cast<float>(row[h]);
+  return hsum(sq) + tail;
+}
 
 // out = bf16(sum_i pre[i] * stream_i), then optionally the fused RMSNorm on float(out).
 void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64_t H,
@@ -231,26 +227,39 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   for (; h < H; ++h) round_bf16(static_cast<float>(out[h]) * inv * norm_weight[h], out + h);
 }
 
-// The pre pipeline over tokens [t0, t0 + tb): projection of `proj_streams` streams of width H
-// (filled chunk-wise into fp32 scratch by `fill(h0, hc, scratch)`), coefficients, collapse.
-// `stream_row(t, i)` is the bf16 row collapsed for token t, stream i.
-template <typename Fill, typename StreamRow>
-void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, Fill&& fill,
-               StreamRow&& stream_row) {
-  float scratch[kMaxHcMult * kTokenBlock * kChunk];
+// The pre of tokens [t0, t0 + tb) whose stream rows are already in bf16 memory (and, having just
+// been read or written sequentially by the caller, in cache): the projection over
+// `proj_streams` rows of width H per token (`proj_row(t, i)`), then coefficients and collapse of
+// the n rows `stream_row(t, i)`. `squares[r]` is token r's sum of squares over its projected rows.
+template <typename ProjRow, typename StreamRow>
+void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, const float* squares,
+               ProjRow&& proj_row, StreamRow&& stream_row) {
+  float scratch[kTokenBlock * kChunk];
   Projection proj(p.fn, p.rows, proj_streams * p.H, tb);
-  for (int64_t h0 = 0; h0 < p.H; h0 += kChunk) {
-    const int64_t hc = std::min(kChunk, p.H - h0);
-    fill(h0, hc, scratch);
-    for (int64_t i = 0; i < proj_streams; ++i)
-      proj.add(scratch + i * kTokenBlock * kChunk, i * p.H + h0, hc);
+  for (int64_t i = 0; i < proj_streams; ++i) {
+    for (int64_t h0 = 0; h0 < p.H; h0 += kChunk) {
+      const int64_t hc = std::min(kChunk, p.H - h0);
+      for (int r = 0; r < tb; ++r) {  // X[t0 + r, i*H + h0 : +hc] -> fp32 scratch row r
+        const BFloat16* src = proj_row(t0 + r, i) + h0;
+        float* dst = scratch + r * kChunk;
+        int64_t h = 0;
+        for (; h + kV2 <= hc; h += kV2) {
+          Vec a, b;
+          load2(src + h, a, b);
+          a.store(dst + h);
+          b.store(dst + h + kV);
+        }
+        for (; h < hc; ++h) dst[h] = static_cast<float>(src[h]);
+      }
+      proj.add(scratch, i * p.H + h0, hc);
+    }
   }
   const float count = static_cast<float>(proj_streams * p.H);
   for (int r = 0; r < tb; ++r) {
     const int64_t t = t0 + r;
     float mix[kMaxRows], pre[kMaxHcMult];
     for (int64_t m = 0; m < p.rows; ++m) mix[m] = proj.mix(r, m);
-    const float inv_rms = 1.0f / std::sqrt(proj.squares(r) / count + p.s.rms_eps);
+    const float inv_rms = 1.0f / std::sqrt(squares[r] / count + p.s.rms_eps);
     if (p.post) {
       mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
                        p.post + t * p.n, p.comb + t * p.n * p.n);
@@ -263,45 +272,28 @@ void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, Fil
   }
 }
 
-// Runs `block(t0, tb)` over token blocks in parallel.
+// Runs `block(t0, tb)` over blocks of at most kTokenBlock tokens, in parallel. Blocks shrink for
+// small T so that every thread gets work.
 template <typename Block>
 void for_token_blocks(int64_t T, Block&& block) {
-  const int64_t blocks = (T + kTokenBlock - 1) / kTokenBlock;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, kTokenBlock);
+  const int64_t blocks = (T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t t0 = b * kTokenBlock;
-      block(t0, static_cast<int>(std::min<int64_t>(kTokenBlock, T - t0)));
+      const int64_t t0 = b * tb;
+      block(t0, static_cast<int>(std::min<int64_t>(tb, T - t0)));
     }
   });
-}
-
-// scratch[i][r][:hc] = float(rows(t0 + r, i)[h0 : h0 + hc])
-template <typename Row>
-void fill_from_bf16(int64_t t0, int tb, int64_t streams, int64_t h0, int64_t hc, Row&& row,
-                    float* scratch) {
-  for (int64_t i = 0; i < streams; ++i) {
-    for (int r = 0; r < tb; ++r) {
-      const BFloat16* src = row(t0 + r, i) + h0;
-      float* dst = scratch + (i * kTokenBlock + r) * kChunk;
-      int64_t h = 0;
-      for (; h + kV2 <= hc; h += kV2) {
-        Vec a, b;
-        load2(src + h, a, b);
-        a.store(dst + h);
-        b.store(dst + h + kV);
-      }
-      for (; h < hc; ++h) dst[h] = static_cast<float>(src[h]);
-    }
-  }
 }
 
 // mhc_pre and hc_head: project and collapse the input stream itself.
 void pre_from_stream(const BFloat16* residual, const PreParams& p) {
   auto row = [&](int64_t t, int64_t i) { return residual + (t * p.n + i) * p.H; };
   for_token_blocks(p.T, [&](int64_t t0, int tb) {
-    pre_block(p, t0, tb, p.n,
-              [&](int64_t h0, int64_t hc, float* s) { fill_from_bf16(t0, tb, p.n, h0, hc, row, s); },
-              row);
+    float squares[kTokenBlock];  // one sequential sweep also pulls the block into cache
+    for (int r = 0; r < tb; ++r) squares[r] = row_squares(row(t0 + r, 0), p.n * p.H);
+    pre_block(p, t0, tb, p.n, squares, row, row);
   });
 }
 
@@ -310,15 +302,14 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
     constexpr int N = decltype(n_const)::value;
     auto out_row = [&](int64_t t, int64_t i) { return q.residual_out + (t * N + i) * p.H; };
     for_token_blocks(p.T, [&](int64_t t0, int tb) {
-      auto fill = [&](int64_t h0, int64_t hc, float* scratch) {
-        for (int r = 0; r < tb; ++r) {
-          const int64_t t = t0 + r;
-          post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                       q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h0 + hc,
-                       scratch + r * kChunk, kTokenBlock * kChunk);
-        }
-      };
-      pre_block(p, t0, tb, N, fill, out_row);
+      float squares[kTokenBlock];
+      for (int r = 0; r < tb; ++r) {
+        const int64_t t = t0 + r;
+        post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
+                     q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H);
+        squares[r] = row_squares(out_row(t, 0), N * p.H);
+      }
+      pre_block(p, t0, tb, N, squares, out_row, out_row);
     });
   });
 }
@@ -326,12 +317,13 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
 void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p) {
   auto x_row = [&](int64_t t, int64_t) { return x + t * p.H; };
   for_token_blocks(p.T, [&](int64_t t0, int tb) {
-    for (int r = 0; r < tb; ++r)
-      for (int64_t i = 0; i < p.n; ++i)
-        std::copy_n(x + (t0 + r) * p.H, p.H, residual_out + ((t0 + r) * p.n + i) * p.H);
-    pre_block(p, t0, tb, 1,
-              [&](int64_t h0, int64_t hc, float* s) { fill_from_bf16(t0, tb, 1, h0, hc, x_row, s); },
-              x_row);
+    float squares[kTokenBlock];
+    for (int r = 0; r < tb; ++r) {
+      const int64_t t = t0 + r;
+      for (int64_t i = 0; i < p.n; ++i) std::copy_n(x + t * p.H, p.H, residual_out + (t * p.n + i) * p.H);
+      squares[r] = row_squares(x + t * p.H, p.H);
+    }
+    pre_block(p, t0, tb, 1, squares, x_row, x_row);
   });
 }
 

@@ -1,0 +1,148 @@
+"""``mhc-sp-bench ops``: every math op against the eager reference and torch.compile of it, with
+achieved bandwidth as a share of the copy bandwidth measured in the same run."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .. import ops
+from .. import reference as R
+from ..config import MhcConfig
+from . import report
+from .timing import copy_bandwidth, time_call
+
+OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "post_then_pre", "mhc_pre_broadcast", "hc_head")
+
+
+def bytes_moved(name: str, T: int, n: int, H: int) -> int:
+    """Bytes an ideal kernel reads and writes (bf16 streams, fp32 projection weights)."""
+    stream, hidden, M = 2 * T * n * H, 2 * T * H, n * (n + 2)
+    fn = 4 * M * n * H
+    return {
+        "mhc_post": 2 * stream + hidden,
+        "mhc_pre": stream + fn + hidden,
+        "mhc_post_pre": 2 * stream + 2 * hidden + fn,
+        "post_then_pre": 2 * stream + 2 * hidden + fn,
+        "mhc_pre_broadcast": stream + 2 * hidden + 4 * M * H,
+        "hc_head": stream + hidden + 4 * n * n * H,
+    }[name]
+
+
+def op_calls(name: str, i: dict, cfg: MhcConfig):
+    """(mhc_sp call, reference callable with the same inputs)."""
+    w = i["norm_weight"]
+    if name == "mhc_post":
+        return (lambda: ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"]),
+                lambda: R.mhc_post(i["x"], i["residual"], i["post"], i["comb"]))
+    if name == "mhc_pre":
+        return (lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg),
+                lambda: R.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg))
+    if name in ("mhc_post_pre", "post_then_pre"):
+        args = (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], w)
+        if name == "mhc_post_pre":
+            fused = lambda: ops.mhc_post_pre(*args, cfg=cfg)  # noqa: E731
+        else:
+            fused = lambda: ops.mhc_pre(ops.mhc_post(*args[:4]), *args[4:], cfg=cfg)  # noqa: E731
+        return fused, lambda: R.mhc_post_pre(*args, cfg=cfg)
+    if name == "mhc_pre_broadcast":
+        return (lambda: ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg),
+                lambda: R.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg))
+    if name == "hc_head":
+        return (lambda: ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], cfg),
+                lambda: R.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"],
+                                  cfg.rms_eps, cfg.hc_eps))
+    raise KeyError(name)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ops", help="math ops vs eager and compiled reference, GB/s vs copy",
+                              description=__doc__)
+    p.add_argument("--tokens", type=int_list, default=[1, 16, 256, 4096])
+    p.add_argument("--hidden", type=int_list, default=[4096])
+    p.add_argument("--hc-mult", type=int, default=4)
+    p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
+    p.add_argument("--compare", default="eager,compile",
+                   help="baselines: eager reference, torch.compile of it (comma list, or 'none')")
+    p.add_argument("--gemm", action="store_true",
+                   help="also time one fp32 X @ fn^T (torch.matmul), the bound mhc_pre is held to")
+    add_common_args(p)
+    p.set_defaults(func=run)
+
+
+def add_common_args(p) -> None:
+    """Flags every subcommand shares."""
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--json", help="write results as JSON")
+    p.add_argument("--csv", help="write results as CSV")
+    p.add_argument("--plot", help="write a PNG plot (needs matplotlib)")
+
+
+def run(args) -> int:
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [o for o in args.ops.split(",") if o]
+    unknown = sorted(set(names) - set(OPS))
+    if unknown:
+        raise SystemExit(f"mhc-sp-bench ops: error: --ops: unknown op(s) {unknown}; choose from {OPS}")
+    baselines = [] if args.compare == "none" else args.compare.split(",")
+    if set(baselines) - {"eager", "compile"}:
+        raise SystemExit(f"mhc-sp-bench ops: error: --compare: expected eager,compile or none, got {args.compare!r}")
+    cfg = MhcConfig(hc_mult=args.hc_mult)
+    rows = []
+    for H in args.hidden:
+        for T in args.tokens:
+            i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
+            small = T <= 16 and device.type == "cuda"
+            timed = lambda f: time_call(f, device, args.warmup, args.repeats, cuda_graph=small)  # noqa: E731
+            copy_bw = copy_bandwidth(bytes_moved("mhc_post", T, args.hc_mult, H), device,
+                                     args.warmup, args.repeats)
+            gemm = None
+            if args.gemm:
+                X = i["residual"].float().reshape(T, -1)
+                gemm = timed(lambda: torch.matmul(X, i["fn"].t())).median
+            for name in names:
+                fused, reference = op_calls(name, i, cfg)
+                t = timed(fused)
+                nbytes = bytes_moved(name, T, args.hc_mult, H)
+                row = {"op": name, "tokens": T, "hidden": H, "median_us": t.median * 1e6,
+                       "p10_us": t.p10 * 1e6, "p90_us": t.p90 * 1e6, "GB/s": nbytes / t.median / 1e9,
+                       "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / t.median / copy_bw}
+                if gemm is not None:
+                    row["x_gemm"] = t.median / gemm
+                if "eager" in baselines:
+                    row["x_eager"] = timed(reference).median / t.median
+                if "compile" in baselines:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(reference, dynamic=False)
+                    row["x_compile"] = timed(compiled).median / t.median
+                rows.append(row)
+    columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
+    columns += [c for c in ("x_gemm", "x_eager", "x_compile") if rows and c in rows[0]]
+
+    def plot(ax, rows):
+        for name in names:
+            pts = [(r["tokens"], r["GB/s"]) for r in rows if r["op"] == name]
+            ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("GB/s")
+        ax.legend()
+
+    report.emit("ops", rows, columns, args, device, plot=plot)
+    return 0

@@ -1,0 +1,78 @@
+"""Output of every benchmark subcommand: a table on stdout, optional JSON / CSV / PNG plot, each
+carrying the full command line so that a result can be reproduced."""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import shlex
+import sys
+from typing import Sequence
+
+import torch
+
+
+def command_line() -> str:
+    return " ".join(shlex.quote(a) for a in ["mhc-sp-bench", *sys.argv[1:]])
+
+
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
+           "device": str(device)}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    import mhc_sp
+
+    env["mhc_sp_build"] = mhc_sp.build_info()
+    return env
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
+              for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torch.device,
+         extra: dict | None = None, plot=None) -> dict:
+    """Print the table and write the files the user asked for. ``plot(ax, rows)`` draws the
+    subcommand's figure when ``--plot`` is given. Returns the JSON document."""
+    doc = {"kind": kind, "command": command_line(), "environment": environment(device),
+           **(extra or {}), "rows": rows}
+    print(f"# {doc['command']}")
+    print(format_table(rows, columns))
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+    if getattr(args, "csv", None):
+        with open(args.csv, "w", newline="") as f:
+            f.write(f"# {doc['command']}\n")
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+    if getattr(args, "plot", None) and plot is not None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("--plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr)
+        else:
+            fig, ax = plt.subplots(figsize=(8, 5))
+            plot(ax, rows)
+            ax.set_title(doc["command"], fontsize=7)
+            fig.tight_layout()
+            fig.savefig(args.plot, dpi=120)
+    return doc

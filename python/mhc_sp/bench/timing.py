@@ -1,0 +1,76 @@
+"""Timing for the benchmark CLI: one way to time a callable on CPU or CUDA, and the machine's copy
+bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Timing:
+    """Seconds per call over `repeats` timed calls."""
+
+    median: float
+    p10: float
+    p90: float
+    repeats: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _summarise(samples: list[float]) -> Timing:
+    samples = sorted(samples)
+    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+    return Timing(statistics.median(samples), pick(0.1), pick(0.9), len(samples))
+
+
+def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 20,
+              cuda_graph: bool = False) -> Timing:
+    """Median/spread of ``fn()``. CPU: perf_counter per call. CUDA: CUDA events around each call,
+    or around replays of a CUDA graph of ``fn`` when ``cuda_graph`` (launch overhead excluded,
+    as an engine running captured decode steps sees it)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return _summarise(samples)
+
+    torch.cuda.synchronize(device)
+    run = fn
+    if cuda_graph:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            fn()  # warm allocator on the capture stream
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        run = graph.replay
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(repeats)]
+    for start, end in events:
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize(device)
+    return _summarise([start.elapsed_time(end) / 1e3 for start, end in events])
+
+
+def copy_bandwidth(nbytes: int, device: torch.device, warmup: int = 3, repeats: int = 20) -> float:
+    """Bytes moved per second (read + write) by an out-of-place copy of ``nbytes / 2`` bytes: a
+    fresh output like the ops allocate, the same bytes moved as an op that reads and writes
+    ``nbytes`` in total."""
+    src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device=device)
+    t = time_call(lambda: torch.empty_like(src).copy_(src), device, warmup, repeats)
+    return 2 * src.numel() / t.median
