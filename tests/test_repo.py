@@ -1,0 +1,43 @@
+"""Promises the repository makes outside the code: the README's commands are what CI runs, and
+the README's torchrun example works."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.strip().splitlines()]
+
+
+def test_readme_opens_with_setup_and_test_commands_that_ci_runs():
+    text = (ROOT / "README.md").read_text()
+    assert text.index("```bash") < text.index("## "), "the two commands must come first"
+    main_job, tests = readme_commands()
+    assert main_job.startswith("bash scripts/bootstrap.sh && ") and "mhc-sp-bench" in main_job
+    assert tests.startswith("bash scripts/bootstrap.sh && ") and "pytest" in tests
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in [line.strip() for line in ci], ".ci/run must run the README's test command verbatim"
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed beside this python")
+def test_torchrun_example_runs():
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    from mhc_sp.launch import free_port
+
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                          str(ROOT / "examples" / "sp_boundary.py"), "--tokens", "9"],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(": OK") == 2
