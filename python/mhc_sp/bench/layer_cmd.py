@@ -86,8 +86,7 @@ def add_layer_args(p, tokens=(16, 256, 4096), tp=(2,), hidden=4096) -> None:
 def run(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and max(args.tp) > torch.cuda.device_count():
-        raise SystemExit(f"mhc-sp-bench layer: error: --tp {max(args.tp)} needs that many GPUs, "
-                         f"found {torch.cuda.device_count()}")
+        report.usage_error("layer", f"--tp {max(args.tp)} needs that many GPUs, found {torch.cuda.device_count()}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     threads = args.threads or max(1, torch.get_num_threads() // max(args.tp))
     rows = []

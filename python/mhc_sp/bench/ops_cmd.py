@@ -99,10 +99,10 @@ def run(args) -> int:
     names = [o for o in args.ops.split(",") if o]
     unknown = sorted(set(names) - set(OPS))
     if unknown:
-        raise SystemExit(f"mhc-sp-bench ops: error: --ops: unknown op(s) {unknown}; choose from {OPS}")
+        report.usage_error("ops", f"--ops: unknown op(s) {unknown}; choose from {OPS}")
     baselines = [] if args.compare == "none" else args.compare.split(",")
     if set(baselines) - {"eager", "compile"}:
-        raise SystemExit(f"mhc-sp-bench ops: error: --compare: expected eager,compile or none, got {args.compare!r}")
+        report.usage_error("ops", f"--compare: expected eager,compile or none, got {args.compare!r}")
     cfg = MhcConfig(hc_mult=args.hc_mult)
     rows = []
     for H in args.hidden:

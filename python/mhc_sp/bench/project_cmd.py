@@ -142,7 +142,7 @@ def run(args) -> int:
     m = Machine(args.link_gbps, args.link_latency_us, args.hbm_gbps, args.launch_us)
     for name in ("link_gbps", "link_latency_us", "hbm_gbps", "launch_us"):
         if getattr(m, name) <= 0 and not (name == "link_latency_us" and m.link_latency_us == 0):
-            raise SystemExit(f"mhc-sp-bench project: error: --{name.replace('_', '-')} must be positive")
+            report.usage_error("project", f"--{name.replace('_', '-')} must be positive")
     if args.calibrate:
         with open(args.calibrate) as f:
             m = calibrate(json.load(f)["rows"], args.hc_mult)

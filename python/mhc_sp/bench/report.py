@@ -76,3 +76,9 @@ def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torc
             fig.tight_layout()
             fig.savefig(args.plot, dpi=120)
     return doc
+
+
+def usage_error(command: str, message: str) -> "NoReturn":  # noqa: F821
+    """A bad flag found after parsing: argparse's format and exit status 2, no traceback."""
+    print(f"mhc-sp-bench {command}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
