@@ -97,6 +97,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     device = torch.device(args.device)
+    if min(args.tp) < 1:
+        report.usage_error("comm", f"--tp: world sizes must be >= 1, got {args.tp}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     rows = []
     for world in args.tp:

@@ -85,6 +85,8 @@ def add_layer_args(p, tokens=(16, 256, 4096), tp=(2,), hidden=4096) -> None:
 
 def run(args) -> int:
     device = torch.device(args.device)
+    if min(args.tp) < 1:
+        report.usage_error("layer", f"--tp: world sizes must be >= 1, got {args.tp}")
     if device.type == "cuda" and max(args.tp) > torch.cuda.device_count():
         report.usage_error("layer", f"--tp {max(args.tp)} needs that many GPUs, found {torch.cuda.device_count()}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
