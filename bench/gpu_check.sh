@@ -98,7 +98,7 @@ tests=(tests/test_cuda_ops.py)
 for f in tests/test_*cuda*.py tests/test_*nccl*.py; do
   [[ -f $f && $f != tests/test_cuda_ops.py ]] && tests+=("$f")
 done
-step tests "$T_TESTS" "$PY" -m pytest -q -x --junitxml="$OUT/junit.xml" "${tests[@]}"
+step tests "$T_TESTS" "$PY" -m pytest -q -ra --junitxml="$OUT/junit.xml" "${tests[@]}"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   # Small shapes through every op and both code paths (fused <= 16 tokens, two kernels above;
