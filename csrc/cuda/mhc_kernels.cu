@@ -1,0 +1,47 @@
+// CUDA entry points of the mHC math ops (mhc_sp::cuda_kernels(), see mhc_sp/kernels.h): thin
+// launchers over the kernels in mhc_sp/cuda/*.cuh; mhc_post is here, the pre family in one
+// translation unit per op (csrc/cuda/*.cu). csrc/mhc_ops.cpp has already validated the arguments,
+// allocated the outputs and set the device guard. Everything runs on the current stream; the
+// only allocation is the pre's split-K workspace, from the caching allocator, so the ops never
+// sync with the host and are CUDA-graph capturable.
+
+#include "mhc_sp/cuda/launch.cuh"
+
+namespace mhc_sp {
+namespace cuda {
+namespace {
+
+template <int N, int V>
+void launch_post(const PostParams& p, cudaStream_t stream) {
+  PostArgs a{p.T, p.H, bits(p.x), bits(p.residual), p.post, p.comb, bits(p.residual_out), 0};
+  a.spans = (p.H + kPostThreads * V - 1) / (kPostThreads * V);
+  const int64_t items = p.T * a.spans;
+  const int64_t grid = std::min<int64_t>(items, int64_t(sm_count()) * 32);  // blocks stride
+  post_kernel<N, V><<<static_cast<unsigned>(grid), kPostThreads, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void mhc_post(const PostParams& p) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool vec = vector_ok(p.H, p.x, p.residual, p.residual_out);
+  dispatch_hc_mult(p.n, [&](auto n_const) {
+    constexpr int N = decltype(n_const)::value;
+    if (vec) {
+      launch_post<N, 8>(p, stream);
+    } else {
+      launch_post<N, 1>(p, stream);
+    }
+  });
+}
+
+}  // namespace cuda
+
+const KernelTable& cuda_kernels() {
+  static const KernelTable table{"cuda-sm90",       cuda::mhc_post,          cuda::mhc_pre,
+                                 cuda::mhc_post_pre, cuda::mhc_pre_broadcast, cuda::hc_head};
+  return table;
+}
+
+}  // namespace mhc_sp

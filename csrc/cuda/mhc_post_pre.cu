@@ -1,0 +1,21 @@
+// CUDA entry point of mhc_post_pre: the post (writes residual_out) fused into the next pre. Kernels: mhc_sp/cuda/pre.cuh.
+
+#include "mhc_sp/cuda/launch.cuh"
+
+namespace mhc_sp::cuda {
+
+void mhc_post_pre(const PostParams& q, const PreParams& p) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  PreArgs a = pre_args(p);
+  a.src = bits(q.residual);
+  a.x = bits(q.x);
+  a.post_in = q.post;
+  a.comb_in = q.comb;
+  a.stream_out = bits(q.residual_out);
+  const bool vec = vector_ok(p.H, q.x, q.residual, q.residual_out, p.out);
+  dispatch_hc_mult(p.n, [&](auto n_const) {
+    launch_pre<decltype(n_const)::value, Mode::PostPre>(a, vec, stream);
+  });
+}
+
+}  // namespace mhc_sp::cuda

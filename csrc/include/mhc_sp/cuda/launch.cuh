@@ -1,0 +1,121 @@
+#pragma once
+// Host-side launch helpers shared by the CUDA translation units in csrc/cuda/ (one per op, so a
+// parallel build compiles the op instantiations concurrently). Included only from .cu files.
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "mhc_sp/cuda/post.cuh"
+#include "mhc_sp/cuda/pre.cuh"
+#include "mhc_sp/kernels.h"
+
+namespace mhc_sp::cuda {
+
+inline const uint16_t* bits(const BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
+inline uint16_t* bits(BFloat16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The 16-byte vector path needs whole vectors per row (H % 8 == 0) and aligned rows.
+template <typename... Ptrs>
+bool vector_ok(int64_t H, Ptrs... ptrs) {
+  return H % 8 == 0 && (aligned16(ptrs) && ...);
+}
+
+inline int sm_count() {
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return std::max(sms, 1);
+}
+
+template <typename F>
+void dispatch_hc_mult(int64_t n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+  }
+  TORCH_CHECK(false, "hc_mult ", n, " is outside [1, ", kMaxHcMult, "]");
+}
+
+// Runs the projection (+ post / broadcast copy) and the finish for one pre-style op.
+template <int N, Mode MODE>
+void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
+  using S = PreShape<N, MODE>;
+  const int sms = sm_count();
+  const int64_t tiles = (a.T + kTileTokens - 1) / kTileTokens;
+  const int64_t chunks = (a.H + S::HC - 1) / S::HC;
+  // Split H until there are about two blocks per SM; never more splits than chunks.
+  int64_t splits = std::clamp<int64_t>((2 * int64_t(sms) + tiles - 1) / tiles, 1, chunks);
+  const int64_t per_split = (chunks + splits - 1) / splits;
+  splits = (chunks + per_split - 1) / per_split;  // no empty split
+  const int64_t grid = tiles * splits;
+  TORCH_CHECK(grid <= INT_MAX, "mhc_sp: ", a.T, " tokens need more blocks than a grid holds");
+  const bool fused = a.T <= kFusedMaxTokens;
+
+  const int64_t ws_floats = grid * kTileTokens * S::MP1;
+  const int64_t counter_ints = fused ? tiles : 0;
+  const c10::DataPtr workspace = c10::cuda::CUDACachingAllocator::get()->allocate(
+      static_cast<size_t>(ws_floats * sizeof(float) + counter_ints * sizeof(int)));
+  a.ws = static_cast<float*>(workspace.get());
+  a.counters = fused ? reinterpret_cast<int*>(a.ws + ws_floats) : nullptr;
+  a.splits = static_cast<int>(splits);
+  a.chunks_per_split = static_cast<int>(per_split);
+  if (fused) C10_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, counter_ints * sizeof(int), stream));
+
+  auto run = [&](auto v_const) {
+    constexpr int V = decltype(v_const)::value;
+    project_kernel<N, MODE, V><<<static_cast<unsigned>(grid), kProjThreads, 0, stream>>>(a, fused);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (!fused) {
+      const int64_t groups = (a.T + kFinishTokens - 1) / kFinishTokens;
+      const int64_t fgrid = std::min<int64_t>(groups, int64_t(sms) * 64);
+      finish_kernel<N, MODE, V><<<static_cast<unsigned>(fgrid), kFinishThreads, 0, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  };
+  if (vec) {
+    run(std::integral_constant<int, 8>{});
+  } else {
+    run(std::integral_constant<int, 1>{});
+  }
+  // `workspace` returns to the caching allocator here; its reuse is ordered on this stream.
+}
+
+inline PreArgs pre_args(const PreParams& p) {
+  PreArgs a{};
+  a.T = p.T;
+  a.H = p.H;
+  a.fn = p.fn;
+  a.scale = p.scale;
+  a.base = p.base;
+  a.norm_weight = p.norm_weight;
+  a.s = p.s;
+  a.post = p.post;
+  a.comb = p.comb;
+  a.out = bits(p.out);
+  return a;
+}
+
+
+// The entry points of the kernel table, one translation unit each (csrc/cuda/*.cu).
+void mhc_post(const PostParams& p);
+void mhc_pre(const BFloat16* residual, const PreParams& p);
+void mhc_post_pre(const PostParams& q, const PreParams& p);
+void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);
+void hc_head(const BFloat16* residual, const PreParams& p);
+
+}  // namespace mhc_sp::cuda

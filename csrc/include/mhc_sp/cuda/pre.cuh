@@ -1,0 +1,352 @@
+#pragma once
+// The mHC pre pipeline on CUDA (DESIGN §1 steps 1-5) for mhc_pre, mhc_post_pre,
+// mhc_pre_broadcast and hc_head.
+//
+// Work split. The projection mix = X @ fn^T (T x M, K = streams * H, M = n(n+2) or n) is a GEMM
+// with a tiny M and a huge K; fn (M x K fp32, 2.75 MB for n=4, H=7168) is larger than a token's
+// stream, so it must be reused across many tokens. project_kernel takes a tile of 64 tokens and
+// a slice of the hidden dimension (all streams of it): it stages the tile's bf16 stream values in
+// shared memory (for mhc_post_pre computing the post on the way, which writes residual_out
+// exactly once), multiplies them on the tensor cores and also sums their squares. K is split
+// over blocks (split-K along H) so that small T still fills the GPU; each block writes its
+// partial sums to a workspace. finish_group then adds the partials in a fixed order
+// (deterministic, so CUDA-graph replays are bitwise equal to eager), computes the coefficients
+// (Sinkhorn in registers, mhc_sp/coefficients.h) and collapses the token's streams into the
+// bf16 layer input with the fused RMSNorm.
+//
+// Precision. mma.sync m16n8k16 with bf16 inputs and fp32 accumulation. X is bf16 (exact); fn is
+// fp32, so it is split into bf16 hi + lo (split_bf16x2) and X is multiplied by both: the products
+// are exact in fp32 and hi + lo keeps ~16 bits of fn, i.e. the result is fp32-accurate to
+// ~2^-17 per term. TF32 alone (10-bit fn) would miss the 1e-4 coefficient tolerance.
+//
+// Launches. T <= kFusedMaxTokens (decode): one launch; the last projection block to finish
+// (atomic counter, zeroed by a memset before the launch and reset by that block) runs the finish
+// for the tile. Otherwise a second kernel runs the finish with one block per 4 tokens, so the
+// collapse is spread over the whole GPU.
+
+#include "mhc_sp/coefficients.h"
+#include "mhc_sp/cuda/common.cuh"
+#include "mhc_sp/cuda/post.cuh"
+#include "mhc_sp/scalars.h"
+
+namespace mhc_sp::cuda {
+
+constexpr int kTileTokens = 64;     // tokens per projection block: 4 warps x m16
+constexpr int kProjThreads = 128;   // 4 warps
+constexpr int kFusedMaxTokens = 16; // up to here post + pre run as a single launch
+constexpr int kFinishTokens = 4;    // tokens per finish-kernel block iteration
+constexpr int kFinishThreads = 256;
+
+template <int N, Mode MODE>
+struct PreShape {
+  static constexpr int NS = MODE == Mode::Broadcast ? 1 : N;  // streams the projection reads
+  static constexpr int M = MODE == Mode::Head ? N : N * (N + 2);  // fn rows
+  static constexpr int MP1 = M + 1;                              // + the sum of squares
+  static constexpr int NT8 = (M + 7) / 8;                        // n8 MMA tiles covering M
+  // Hidden positions per staged chunk: a multiple of 16 (one MMA k-step never crosses streams),
+  // about 128 staged k values in all.
+  static constexpr int HC = (128 / NS) / 16 * 16 >= 16 ? (128 / NS) / 16 * 16 : 16;
+  static constexpr int KC = NS * HC;    // k values per chunk
+  static constexpr int LDX = KC + 8;    // padded row: A-fragment loads hit 32 distinct banks
+  static constexpr int kStageBytes = kTileTokens * LDX * 2;
+  static constexpr int kCoefs = MODE == Mode::PostPre ? kTileTokens * (N + N * N) : 1;
+  // The fused finish reuses the staging buffer: mix sums, pre weights, reduction scratch.
+  static constexpr int kFusedFinishBytes = (kFusedMaxTokens * (MP1 + N) + 32) * 4;
+  static_assert(kFusedFinishBytes <= kStageBytes, "fused finish scratch must fit the staging buffer");
+  static_assert(HC % 16 == 0 && KC % 16 == 0, "MMA k-steps of 16");
+};
+
+struct PreArgs {
+  int64_t T, H;
+  const uint16_t* src;         // Pre/Head: residual (T,N,H); PostPre: the post's input residual;
+                               // Broadcast: x (T,H)
+  const uint16_t* x;           // PostPre: the sublayer output x (T,H)
+  const float* post_in;        // PostPre: (T,N)
+  const float* comb_in;        // PostPre: (T,N,N)
+  uint16_t* stream_out;        // PostPre / Broadcast: residual_out (T,N,H)
+  const float* fn;             // (M, NS*H)
+  const float* scale;          // (3,) or (1,)
+  const float* base;           // (M,)
+  const float* norm_weight;    // (H,) or nullptr
+  MhcScalars s;
+  float* post;                 // (T,N) or nullptr (Head)
+  float* comb;                 // (T,N,N) or nullptr (Head)
+  uint16_t* out;               // (T,H)
+  float* ws;                   // partials: (tiles * splits, kTileTokens, MP1)
+  int* counters;               // fused launch only: one per tile
+  int splits;                  // blocks per token tile along H
+  int chunks_per_split;        // HC-wide chunks per block
+};
+
+// Stages chunk [h0, h0 + HC) of every stream of the tile's tokens into Xs (row tt, column
+// i * HC + hh), zero-filling tokens >= T and positions >= H. PostPre computes the post here
+// (writing residual_out) and stages its rounded output; Broadcast writes the n stream copies.
+template <int N, Mode MODE, int V>
+__device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0, uint16_t* Xs,
+                                            const float* coef_s) {
+  using S = PreShape<N, MODE>;
+  constexpr int kVecs = S::HC / V;
+  const int64_t H = a.H;
+  for (int u = threadIdx.x; u < kTileTokens * kVecs; u += kProjThreads) {
+    const int tt = u / kVecs, hv = u % kVecs;
+    const int64_t t = tile * kTileTokens + tt;
+    const int64_t h = h0 + int64_t(hv) * V;  // V == 8 implies H % 8 == 0: the vector is whole
+    uint16_t* xs = Xs + tt * S::LDX + hv * V;
+    if (t >= a.T || h >= H) {
+#pragma unroll
+      for (int i = 0; i < S::NS; ++i) Pack<V>::zero().store(xs + i * S::HC);
+      continue;
+    }
+    if constexpr (MODE == Mode::PostPre) {
+      const float* c = coef_s + tt * (N + N * N);
+      post_vector<N, V>(a.x + t * H + h, a.src + t * N * H + h, H, c, c + N,
+                        a.stream_out + t * N * H + h, xs, S::HC);
+    } else if constexpr (MODE == Mode::Broadcast) {
+      const Pack<V> v = Pack<V>::load(a.src + t * H + h);
+      v.store(xs);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v.store(a.stream_out + (t * N + i) * H + h);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) Pack<V>::load(a.src + (t * N + i) * H + h).store(xs + i * S::HC);
+    }
+  }
+}
+
+// layer_input[t] = bf16(sum_i pre[i] * stream_i), then (mhc_pre family, norm_weight set) the
+// fused RMSNorm over float(bf16(y)). Whole block, one token. Mirrors the CPU kernel's order.
+template <int N, Mode MODE, int V>
+__device__ void collapse_token(const PreArgs& a, int64_t t, const float* pre_sm, float* red) {
+  const int64_t H = a.H;
+  float pre[N];
+  const uint16_t* rows[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    pre[i] = pre_sm[i];
+    if constexpr (MODE == Mode::Broadcast) {
+      rows[i] = a.src + t * H;  // every stream is x
+    } else if constexpr (MODE == Mode::PostPre) {
+      rows[i] = a.stream_out + (t * N + i) * H;
+    } else {
+      rows[i] = a.src + (t * N + i) * H;
+    }
+  }
+  uint16_t* out = a.out + t * H;
+  const bool norm = MODE != Mode::Head && a.norm_weight != nullptr;
+  const int64_t step = int64_t(blockDim.x) * V;
+  float sq = 0.f;
+  for (int64_t h = int64_t(threadIdx.x) * V; h < H; h += step) {
+    float y[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) y[e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float v[V];
+      // residual_out was written in this launch (fused path) by other blocks: read via L2.
+      if constexpr (MODE == Mode::PostPre) {
+        Pack<V>::load_l2(rows[i] + h).to_float(v);
+      } else {
+        Pack<V>::load(rows[i] + h).to_float(v);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) y[e] = fmaf(pre[i], v[e], y[e]);
+    }
+    const Pack<V> packed = Pack<V>::from_float(y);
+    packed.store(out + h);
+    if (norm) {
+      float r[V];
+      packed.to_float(r);
+#pragma unroll
+      for (int e = 0; e < V; ++e) sq = fmaf(r[e], r[e], sq);
+    }
+  }
+  if (!norm) return;  // uniform over the block
+  const float total = block_sum(sq, red);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(H) + a.s.norm_eps);
+  // Each thread re-reads exactly the positions it wrote above.
+  for (int64_t h = int64_t(threadIdx.x) * V; h < H; h += step) {
+    float v[V];
+    Pack<V>::load_l2(out + h).to_float(v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = v[e] * inv * __ldg(a.norm_weight + h + e);
+    Pack<V>::from_float(v).store(out + h);
+  }
+}
+
+// Tokens [t0, t0 + count): add the split partials, compute the coefficients (one thread per
+// token), write post/comb, then collapse token by token with the whole block.
+// mix_s: count * MP1 floats, pre_s: count * N floats, red: 32 floats (shared memory).
+template <int N, Mode MODE, int V>
+__device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix_s, float* pre_s,
+                             float* red) {
+  using S = PreShape<N, MODE>;
+  const int64_t split_stride = int64_t(kTileTokens) * S::MP1;
+  for (int e = threadIdx.x; e < count * S::MP1; e += blockDim.x) {
+    const int r = e / S::MP1, m = e % S::MP1;
+    const int64_t t = t0 + r;
+    const int64_t tile = t / kTileTokens, row = t % kTileTokens;
+    const float* p = a.ws + (tile * a.splits * kTileTokens + row) * S::MP1 + m;
+    float sum = 0.f;
+    for (int sp = 0; sp < a.splits; ++sp) sum += __ldcg(p + sp * split_stride);  // fixed order
+    mix_s[e] = sum;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < count) {
+    const int64_t t = t0 + threadIdx.x;
+    const float* mix = mix_s + threadIdx.x * S::MP1;
+    const float inv_rms =
+        1.0f / sqrtf(mix[S::M] / static_cast<float>(int64_t(S::NS) * a.H) + a.s.rms_eps);
+    float pre[N];
+    if constexpr (MODE == Mode::Head) {
+      pre_weights(mix, inv_rms, a.scale[0], a.base, N, a.s.hc_pre_eps, pre);
+    } else {
+      float post[N], comb[N * N];  // registers: N is a compile-time constant, loops unroll
+      mhc_coefficients(mix, inv_rms, a.scale, a.base, N, a.s, pre, post, comb);
+#pragma unroll
+      for (int j = 0; j < N; ++j) a.post[t * N + j] = post[j];
+#pragma unroll
+      for (int k = 0; k < N * N; ++k) a.comb[t * N * N + k] = comb[k];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) pre_s[threadIdx.x * N + i] = pre[i];
+  }
+  __syncthreads();
+  for (int r = 0; r < count; ++r) collapse_token<N, MODE, V>(a, t0 + r, pre_s + r * N, red);
+}
+
+// Grid: tiles * splits blocks; block b handles token tile b / splits and H-slice b % splits.
+template <int N, Mode MODE, int V>
+__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
+  using S = PreShape<N, MODE>;
+  __shared__ uint4 stage_raw[(S::kStageBytes + 15) / 16];
+  __shared__ float coef_s[S::kCoefs];
+  __shared__ int is_last;
+  uint16_t* Xs = reinterpret_cast<uint16_t*>(stage_raw);
+
+  const int64_t tile = blockIdx.x / a.splits;
+  const int split = blockIdx.x % a.splits;
+  const int64_t h_begin = int64_t(split) * a.chunks_per_split * S::HC;
+  const int64_t h_end = min(a.H, h_begin + int64_t(a.chunks_per_split) * S::HC);
+
+  if constexpr (MODE == Mode::PostPre) {  // the tile's post/comb, read once per block
+    constexpr int kPer = N + N * N;
+    for (int e = threadIdx.x; e < S::kCoefs; e += kProjThreads) {
+      const int tt = e / kPer, r = e % kPer;
+      const int64_t t = tile * kTileTokens + tt;
+      float v = 0.f;
+      if (t < a.T) v = r < N ? a.post_in[t * N + r] : a.comb_in[t * N * N + (r - N)];
+      coef_s[e] = v;
+    }
+  }  // the first barrier of the chunk loop orders these writes before their use
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  float acc[S::NT8][4];
+#pragma unroll
+  for (int nt = 0; nt < S::NT8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  float ss_g = 0.f, ss_g8 = 0.f;  // sums of squares of token rows g and g + 8 (this lane's share)
+  const uint16_t* xa = Xs + (warp * 16 + g) * S::LDX + 2 * c;
+  const int64_t ldf = int64_t(S::NS) * a.H;  // fn row stride
+
+  for (int64_t h0 = h_begin; h0 < h_end; h0 += S::HC) {
+    __syncthreads();  // previous chunk's MMAs are done reading Xs
+    stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < S::KC / 16; ++ks) {
+      uint32_t A[4];
+      A[0] = *reinterpret_cast<const uint32_t*>(xa + ks * 16);
+      A[1] = *reinterpret_cast<const uint32_t*>(xa + ks * 16 + 8 * S::LDX);
+      A[2] = *reinterpret_cast<const uint32_t*>(xa + ks * 16 + 8);
+      A[3] = *reinterpret_cast<const uint32_t*>(xa + ks * 16 + 8 * S::LDX + 8);
+      // Every staged value sits in exactly one lane's A fragment once: sum the squares here.
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float lo = bf16_bits_to_float(A[q] & 0xffffu), hi = bf16_bits_to_float(A[q] >> 16);
+        if (q == 0 || q == 2) {
+          ss_g = fmaf(lo, lo, fmaf(hi, hi, ss_g));
+        } else {
+          ss_g8 = fmaf(lo, lo, fmaf(hi, hi, ss_g8));
+        }
+      }
+      const int stream = (ks * 16) / S::HC;
+      const int64_t hk = h0 + (ks * 16) % S::HC + 2 * c;  // hidden index of b[0]'s low half
+      const float* fcol = a.fn + int64_t(stream) * a.H;
+      const bool ok0 = hk < a.H, ok1 = hk + 1 < a.H, ok8 = hk + 8 < a.H, ok9 = hk + 9 < a.H;
+#pragma unroll
+      for (int nt = 0; nt < S::NT8; ++nt) {
+        const int m = nt * 8 + g;
+        float f0 = 0.f, f1 = 0.f, f8 = 0.f, f9 = 0.f;  // B = fn^T; rows m >= M and h >= H are 0
+        if (m < S::M) {
+          const float* fr = fcol + m * ldf + hk;
+          if (ok0) f0 = __ldg(fr);
+          if (ok1) f1 = __ldg(fr + 1);
+          if (ok8) f8 = __ldg(fr + 8);
+          if (ok9) f9 = __ldg(fr + 9);
+        }
+        uint32_t hi0, lo0, hi1, lo1;
+        split_bf16x2(f0, f1, hi0, lo0);
+        split_bf16x2(f8, f9, hi1, lo1);
+        mma_bf16_m16n8k16(acc[nt], A, hi0, hi1);
+        mma_bf16_m16n8k16(acc[nt], A, lo0, lo1);
+      }
+    }
+  }
+
+  // The 4 lanes of a group share rows g and g + 8: combine their squares.
+  ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 1);
+  ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 2);
+  ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 1);
+  ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 2);
+  float* part = a.ws + int64_t(blockIdx.x) * kTileTokens * S::MP1;
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+  for (int nt = 0; nt < S::NT8; ++nt) {
+    const int m = nt * 8 + 2 * c;
+    if (m < S::M) {
+      part[r0 * S::MP1 + m] = acc[nt][0];
+      part[r1 * S::MP1 + m] = acc[nt][2];
+    }
+    if (m + 1 < S::M) {
+      part[r0 * S::MP1 + m + 1] = acc[nt][1];
+      part[r1 * S::MP1 + m + 1] = acc[nt][3];
+    }
+  }
+  if (c == 0) {
+    part[r0 * S::MP1 + S::M] = ss_g;
+    part[r1 * S::MP1 + S::M] = ss_g8;
+  }
+  if (!fused) return;
+
+  // Last-block-done: every thread publishes its writes (partials, residual_out), then one
+  // counter increment per block; the block that completes the tile runs its finish.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(a.counters + tile, 1) == a.splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (threadIdx.x == 0) a.counters[tile] = 0;  // leave it zeroed (the launcher memsets it too)
+  const int count = static_cast<int>(min(int64_t(kTileTokens), a.T - tile * kTileTokens));
+  float* scratch = reinterpret_cast<float*>(stage_raw);  // the projection is done with Xs
+  finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch, scratch + kFusedMaxTokens * S::MP1,
+                           scratch + kFusedMaxTokens * (S::MP1 + N));
+}
+
+// Non-fused finish: blocks stride over groups of kFinishTokens tokens.
+template <int N, Mode MODE, int V>
+__global__ void __launch_bounds__(kFinishThreads) finish_kernel(PreArgs a) {
+  using S = PreShape<N, MODE>;
+  __shared__ float mix_s[kFinishTokens * S::MP1];
+  __shared__ float pre_s[kFinishTokens * N];
+  __shared__ float red[32];
+  const int64_t groups = (a.T + kFinishTokens - 1) / kFinishTokens;
+  for (int64_t gi = blockIdx.x; gi < groups; gi += gridDim.x) {
+    const int64_t t0 = gi * kFinishTokens;
+    finish_group<N, MODE, V>(a, t0, static_cast<int>(min(int64_t(kFinishTokens), a.T - t0)), mix_s,
+                             pre_s, red);
+    __syncthreads();  // mix_s / pre_s are rewritten by the next group
+  }
+}
+
+}  // namespace mhc_sp::cuda

@@ -1,0 +1,266 @@
+"""The five mHC math ops on CUDA against mhc_sp.reference (DESIGN §1), the golden data, the
+CPU kernels, torch.library.opcheck, CUDA-graph replay and mixed-device arguments.
+
+Skipped as a whole on machines without a GPU (CPU CI compiles the CUDA code but cannot run it).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("CUDA is not available", allow_module_level=True)
+
+from mhc_sp import ops  # noqa: E402
+from mhc_sp import reference as R  # noqa: E402
+from mhc_sp.config import MhcConfig  # noqa: E402
+from mhc_sp.reference import assert_close  # noqa: E402
+
+CFG = MhcConfig()
+DEV = "cuda"
+MATH_OPS = ["mhc_pre", "mhc_post", "mhc_post_pre", "mhc_pre_broadcast", "hc_head"]
+OUT_NAMES = {
+    "mhc_pre": ["post", "comb", "layer_input"],
+    "mhc_post": ["out"],
+    "mhc_post_pre": ["residual", "post", "comb", "layer_input"],
+    "mhc_pre_broadcast": ["residual", "post", "comb", "layer_input"],
+    "hc_head": ["out"],
+}
+
+
+def run_op(impl, name, i, norm=True):
+    """Op `name` of mhc_sp.ops or mhc_sp.reference on an inputs dict; always a tuple."""
+    w = i["norm_weight"] if norm else None
+    if name == "mhc_pre":
+        return tuple(impl.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg=CFG))
+    if name == "mhc_post":
+        return (impl.mhc_post(i["x"], i["residual"], i["post"], i["comb"]),)
+    if name == "mhc_post_pre":
+        return tuple(impl.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
+                                       i["base"], w, cfg=CFG))
+    if name == "mhc_pre_broadcast":
+        return tuple(impl.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg=CFG))
+    if name == "hc_head":
+        if impl is ops:
+            return (ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], cfg=CFG),)
+        return (R.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG.rms_eps,
+                          CFG.hc_eps),)
+    raise KeyError(name)
+
+
+def check_outputs(name, got, expected):
+    assert len(got) == len(expected)
+    for out_name, a, b in zip(OUT_NAMES[name], got, expected):
+        assert a.device.type == "cuda", f"{name}.{out_name} on {a.device}"
+        assert_close(a, b, f"{name}.{out_name}")
+
+
+def check_against_reference(name, i, norm=True):
+    """For mhc_post_pre the coefficients are checked against reference.mhc_pre of the op's own
+    residual_out: a different fp32 summation order may move a post output by one bf16 ulp, and
+    the projection + Sinkhorn amplify such a flip beyond the coefficient tolerance, so the only
+    well-posed check of the pre half is on the stream the op actually produced (which is itself
+    checked against the reference post at bf16 tolerance)."""
+    got = run_op(ops, name, i, norm)
+    expected = run_op(R, name, i, norm)
+    if name == "mhc_post_pre":
+        assert_close(got[0], expected[0], "mhc_post_pre.residual")
+        expected = (got[0], *R.mhc_pre(got[0], i["fn"], i["scale"], i["base"],
+                                       i["norm_weight"] if norm else None, CFG))
+    check_outputs(name, got, expected)
+
+
+def inputs(T, n, H, seed=None):
+    return R.random_inputs(T, n, H, seed=T * 131 + n * 7 + H if seed is None else seed, device=DEV)
+
+
+# T covers the fused single-launch path (<= 16 tokens), one partial 64-token tile (257 = 4 tiles
+# + 1 token) and many tiles; H covers the 16-byte path (H % 8 == 0) and the scalar fallback.
+SHAPES = [(1, 4, 4096), (1, 2, 7168), (5, 4, 1024), (5, 2, 33), (16, 4, 520), (16, 2, 100),
+          (257, 4, 512), (257, 2, 77), (4096, 4, 256), (4096, 2, 40)]
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("T,n,H", SHAPES)
+@pytest.mark.parametrize("norm", [True, False])
+def test_matches_reference(name, T, n, H, norm):
+    check_against_reference(name, inputs(T, n, H), norm)
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("T,n,H", [(3, 1, 64), (7, 3, 72), (20, 5, 48), (2, 6, 24), (9, 7, 16),
+                                   (33, 8, 64), (17, 8, 7)])
+def test_other_hc_mult(name, T, n, H):
+    check_against_reference(name, inputs(T, n, H))
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+def test_large_T(name):
+    """More tokens than the finish grid holds, so blocks stride over token groups."""
+    check_against_reference(name, inputs(70001, 2, 16, seed=1))
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+def test_misaligned_pointers_use_scalar_path(name):
+    """H % 8 == 0 but the bf16 tensors start 2 bytes past a 16-byte boundary."""
+    i = inputs(9, 4, 64, seed=4)
+    for k in ("residual", "x"):
+        t = i[k]
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=DEV)
+        i[k] = buf[1:].view(t.shape).copy_(t)
+        assert i[k].data_ptr() % 16 != 0
+    check_against_reference(name, i)
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("T,n,H", [(5, 4, 520), (300, 4, 136), (1, 2, 33)])
+def test_matches_cpu_kernels(name, T, n, H):
+    """The CUDA and CPU kernels implement the same numerics (post_pre: see check_against_reference)."""
+    i = inputs(T, n, H)
+    got = run_op(ops, name, i)
+    cpu = run_op(ops, name, {k: v.cpu() for k, v in i.items()})
+    if name == "mhc_post_pre":
+        assert_close(got[0].cpu(), cpu[0], "residual vs cpu")
+        cpu = (got[0].cpu(), *ops.mhc_pre(got[0].cpu(), i["fn"].cpu(), i["scale"].cpu(), i["base"].cpu(),
+                                          i["norm_weight"].cpu(), CFG))
+    for out_name, a, b in zip(OUT_NAMES[name], got, cpu):
+        assert_close(a.cpu(), b, f"{name}.{out_name} vs cpu")
+
+
+def test_golden_on_cuda():
+    path = Path(os.environ.get("MHC_SP_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"
+                               / "mhc_v4_golden.pt"))
+    if not path.is_file():  # the GPU machine may not have ../shared; the CPU suite requires it
+        pytest.skip(f"golden data not found at {path} (set MHC_SP_GOLDEN)")
+    golden = torch.load(path, weights_only=True)
+    for case in golden["cases"]:
+        i = {k: v.to(DEV) for k, v in case["inputs"].items()}
+        for name in ("mhc_pre", "mhc_post", "mhc_pre_broadcast", "hc_head"):
+            g = case[name]
+            expected = [g] if name in ("mhc_post", "hc_head") else [g[k] for k in OUT_NAMES[name]]
+            for out_name, a, b in zip(OUT_NAMES[name], run_op(ops, name, i), expected):
+                assert_close(a.cpu(), b, f"golden {name}.{out_name}")
+        residual, post, comb, layer_input = run_op(ops, "mhc_post_pre", i)
+        assert_close(residual.cpu(), case["mhc_post_pre"]["residual"], "golden mhc_post_pre.residual")
+        assert_close(layer_input.cpu(), case["mhc_post_pre"]["layer_input"], "golden mhc_post_pre.layer_input")
+
+
+def test_post_pre_equals_post_then_pre():
+    i = inputs(13, 4, 512, seed=5)
+    fused = run_op(ops, "mhc_post_pre", i)
+    residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
+    assert torch.equal(fused[0], residual)
+    for a, b in zip(fused[1:], ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+def test_deterministic(name):
+    """Split-K partials are added in a fixed order: repeated calls agree bit for bit."""
+    for T in (3, 300):
+        i = inputs(T, 4, 1024, seed=6)
+        a, b = run_op(ops, name, i), run_op(ops, name, i)
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+# ---- torch.library / CUDA graphs / streams -------------------------------------------------
+
+def op_args(name, i):
+    S = CFG.scalars()
+    return {
+        "mhc_pre": (i["residual"], i["fn"], i["scale"], i["base"], i["norm_weight"], *S),
+        "mhc_post": (i["x"], i["residual"], i["post"], i["comb"]),
+        "mhc_post_pre": (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
+                         i["norm_weight"], *S),
+        "mhc_pre_broadcast": (i["x"], i["fn"], i["scale"], i["base"], None, *S),
+        "hc_head": (i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG.rms_eps, CFG.hc_eps),
+    }[name]
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("T", [6, 70])
+def test_opcheck(name, T):
+    i = inputs(T, 4, 128, seed=1)
+    torch.library.opcheck(getattr(torch.ops.mhc_sp, name).default, op_args(name, i))
+
+
+@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("T", [1, 16, 257])
+def test_cuda_graph_replay_bitwise_equal(name, T):
+    i = inputs(T, 4, 1024, seed=7)
+    op = getattr(torch.ops.mhc_sp, name).default
+    args = op_args(name, i)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture, as torch.cuda.graphs recommends
+        op(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(*args)
+    captured = captured if isinstance(captured, tuple) else (captured,)
+    eager = op(*args)
+    eager = eager if isinstance(eager, tuple) else (eager,)
+    for _ in range(3):
+        for t in captured:
+            t.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(captured, eager):
+            assert torch.equal(a, b)
+
+
+def test_runs_on_current_stream():
+    """Work is ordered on the caller's stream: results produced on a side stream are complete
+    once that stream is synchronised."""
+    i = inputs(300, 4, 2048, seed=8)
+    expected = run_op(ops, "mhc_post_pre", i)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = run_op(ops, "mhc_post_pre", i)
+    side.synchronize()
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_compiled_chain_fullgraph():
+    i = inputs(11, 4, 256, seed=2)
+
+    def chain(residual, x, fn, scale, base, w, head_fn, head_scale, head_base):
+        post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, w)
+        residual = ops.mhc_post(layer_input * 2, residual, post, comb)
+        residual, post, comb, layer_input = ops.mhc_post_pre(x, residual, post, comb, fn, scale, base, w)
+        return ops.hc_head(residual, head_fn, head_scale, head_base), layer_input
+
+    args = (i["residual"], i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], i["head_fn"],
+            i["head_scale"], i["head_base"])
+    compiled = torch.compile(chain, fullgraph=True, backend="inductor")
+    for a, b in zip(compiled(*args), chain(*args)):
+        assert torch.equal(a, b)
+
+
+# ---- mixed devices ---------------------------------------------------------------------------
+
+def test_mixed_cpu_cuda_arguments_raise_value_error():
+    i = inputs(4, 4, 64, seed=3)
+    cpu = {k: v.cpu() for k, v in i.items()}
+    cases = [
+        ("fn", lambda: ops.mhc_pre(i["residual"], cpu["fn"], i["scale"], i["base"])),
+        ("hc_scale", lambda: ops.mhc_pre(i["residual"], i["fn"], cpu["scale"], i["base"])),
+        ("norm_weight", lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], cpu["norm_weight"])),
+        ("x", lambda: ops.mhc_post(cpu["x"], i["residual"], i["post"], i["comb"])),
+        ("comb", lambda: ops.mhc_post(i["x"], i["residual"], i["post"], cpu["comb"])),
+        # residual fixes the device, so a CPU residual is reported through the first CUDA argument
+        ("x", lambda: ops.mhc_post(i["x"], cpu["residual"], i["post"], i["comb"])),
+        ("post", lambda: ops.mhc_post_pre(i["x"], i["residual"], cpu["post"], i["comb"], i["fn"],
+                                          i["scale"], i["base"])),
+        ("hc_base", lambda: ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], cpu["base"])),
+        ("fn", lambda: ops.hc_head(i["residual"], cpu["head_fn"], i["head_scale"], i["head_base"])),
+    ]
+    for arg, call in cases:
+        with pytest.raises(ValueError, match=f"^{arg}: expected a tensor on"):
+            call()
