@@ -77,6 +77,21 @@ def _nccl_dirs():
     return None
 
 
+def _tool(module_name, binary):
+    """The cmake / ninja of the pip packages when installed (the system's may be too old)."""
+    try:
+        module = __import__(module_name)
+        path = Path(getattr(module, "CMAKE_BIN_DIR" if module_name == "cmake" else "BIN_DIR")) / binary
+        if path.is_file():
+            return str(path)
+    except (ImportError, AttributeError):
+        pass
+    found = shutil.which(binary)
+    if found is None:
+        raise RuntimeError(f"{binary} not found: pip install {module_name}")
+    return found
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -108,6 +123,7 @@ class CMakeBuild(build_ext):
             f"-DMHC_SP_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DCMAKE_BUILD_TYPE={'Debug' if os.environ.get('MHC_SP_DEBUG') == '1' else 'Release'}",
             "-G", "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}",
         ]
         if nvcc is not None:
             cuda_home = nvcc.parent.parent
@@ -130,8 +146,9 @@ class CMakeBuild(build_ext):
         env = dict(os.environ)
         if "MAX_JOBS" in env:
             env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", env["MAX_JOBS"])
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
-        subprocess.check_call(["cmake", "--build", str(build_dir)], env=env)
+        cmake = _tool("cmake", "cmake")
+        subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
+        subprocess.check_call([cmake, "--build", str(build_dir)], env=env)
 
 
 setup(
