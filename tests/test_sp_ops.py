@@ -46,11 +46,15 @@ def boundary_cases(world):
     return cases
 
 
-def worker_fused_ops(rank, world):
+def worker_fused_ops(rank, world, device_type="cpu"):
+    """Every fused op and collective on this rank vs the reference (computed on CPU)."""
     import mhc_sp.distributed as msd
 
-    group = msd.init()
+    group = msd.init(device=device_type)
     assert msd.rank_and_world(group) == (rank, world)
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    on = lambda t: t.to(device)  # noqa: E731
+    cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
     checked = 0
     for case_id, (T, extra, n, H, sharded, norm) in enumerate(boundary_cases(world)):
         tag = f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
@@ -59,7 +63,9 @@ def worker_fused_ops(rank, world):
 
         # fused_entry: the embedding output x is replicated.
         exp = R.fused_entry(i["x"], i["fn"], i["scale"], i["base"], w, world, sharded, CFG)[rank]
-        got = ops.fused_entry(i["x"], i["fn"], i["scale"], i["base"], w, group, sharded)
+        d = {k: on(v) for k, v in i.items()}
+        dw = d["norm_weight"] if norm else None
+        got = cpu(ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group, sharded))
         assert torch.equal(got[0], exp[0]), tag + " entry residual"
         for name, a, b in zip(("post", "comb", "layer_input"), got[1:], exp[1:]):
             assert_close(a, b, f"{tag} entry {name}")
@@ -71,8 +77,8 @@ def worker_fused_ops(rank, world):
         combs = [stream_for(i["comb"], r, world, sharded) for r in range(world)]
         exp = R.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w,
                             sharded, T, CFG)[rank]
-        got = ops.fused_layer(partials[rank], residuals[rank], posts[rank], combs[rank], i["fn"],
-                              i["scale"], i["base"], w, group, sharded, T)
+        got = cpu(ops.fused_layer(on(partials[rank]), on(residuals[rank]), on(posts[rank]), on(combs[rank]),
+                                  d["fn"], d["scale"], d["base"], dw, group, sharded, T))
         check_layer_outputs(got, exp, i, w, tag + " layer")
         if sharded:  # padding rows of the last shard stay zero
             pad = residuals[rank].shape[0] * (rank + 1) - T
@@ -82,22 +88,22 @@ def worker_fused_ops(rank, world):
         # fused_head
         exp = R.fused_head(partials, residuals, posts, combs, i["head_fn"], i["head_scale"],
                            i["head_base"], sharded, T, CFG.rms_eps, CFG.hc_eps)[rank]
-        got = ops.fused_head(partials[rank], residuals[rank], posts[rank], combs[rank], i["head_fn"],
-                             i["head_scale"], i["head_base"], group, sharded, T)
+        got = cpu(ops.fused_head(on(partials[rank]), on(residuals[rank]), on(posts[rank]), on(combs[rank]),
+                                 d["head_fn"], d["head_scale"], d["head_base"], group, sharded, T))
         assert_close(got[0], exp[0], tag + " head hidden")
         assert_close(got[1], exp[1], tag + " head residual_out")
 
         # The plain collectives.
-        assert_close(ops.reduce_scatter(partials[rank], group), R.reduce_scatter(partials)[rank], tag + " reduce_scatter")
-        assert_close(ops.all_reduce(partials[rank], group), R.all_reduce(partials)[rank], tag + " all_reduce")
+        assert_close(ops.reduce_scatter(on(partials[rank]), group).cpu(), R.reduce_scatter(partials)[rank], tag + " reduce_scatter")
+        assert_close(ops.all_reduce(on(partials[rank]), group).cpu(), R.all_reduce(partials)[rank], tag + " all_reduce")
         shards = [R.shard_tokens(i["x"], r, world) for r in range(world)]
-        assert torch.equal(ops.shard_tokens(i["x"], rank, world), shards[rank]), tag + " shard_tokens"
-        assert torch.equal(ops.all_gather(shards[rank], group, T), R.all_gather(shards, T)), tag + " all_gather"
-        assert torch.equal(ops.all_gather(shards[rank], group), R.all_gather(shards)), tag + " all_gather(-1)"
+        assert torch.equal(ops.shard_tokens(d["x"], rank, world).cpu(), shards[rank]), tag + " shard_tokens"
+        assert torch.equal(ops.all_gather(on(shards[rank]), group, T).cpu(), R.all_gather(shards, T)), tag + " all_gather"
+        assert torch.equal(ops.all_gather(on(shards[rank]), group).cpu(), R.all_gather(shards)), tag + " all_gather(-1)"
         checked += 1
     fp32 = partials_for(world, 9, 8, seed=7)
     fp32 = [p.float() for p in fp32]
-    torch.testing.assert_close(ops.reduce_scatter(fp32[rank], group), R.reduce_scatter(fp32)[rank])
+    torch.testing.assert_close(ops.reduce_scatter(on(fp32[rank]), group).cpu(), R.reduce_scatter(fp32)[rank])
     return checked
 
 
