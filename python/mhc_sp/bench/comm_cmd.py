@@ -8,14 +8,14 @@ sizes and with nccl-tests' numbers."""
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from ..launch import run_world
 from . import report
+from ..profiling import phase, profiled
 from .ops_cmd import add_common_args, int_list
+from .timing import rank_device, time_across_ranks
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -49,38 +49,28 @@ def size_list(text: str) -> list[int]:
     return [parse(v) for v in text.split(",") if v.strip()]
 
 
-def _worker(rank, world, sizes, dtype_name, warmup, repeats, device_type):
-    import torch.distributed as dist
-
+def _worker(rank, world, sizes, dtype_name, warmup, repeats, device_type, profile=None, trace=None):
     import mhc_sp.distributed as msd
     from mhc_sp import ops
 
-    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    device = rank_device(device_type)
     group = msd.init(device=device_type)
     dtype = DTYPES[dtype_name]
     item = torch.empty((), dtype=dtype).element_size()
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     out = []
-    for size in sizes:
-        rows = max(world, size // item // world * world)  # full buffer rows, a multiple of world
-        full = torch.ones(rows, dtype=dtype, device=device)
-        calls = {
-            "reduce_scatter": lambda: ops.reduce_scatter(full, group),
-            "all_gather": lambda: ops.all_gather(full[: rows // world], group),
-            "all_reduce": lambda: ops.all_reduce(full, group),
-        }
-        for op, fn in calls.items():
-            for _ in range(warmup):
-                fn()
-            samples = []
-            for _ in range(repeats):
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                samples.append(time.perf_counter() - start)
-            out.append({"op": op, "size": rows * item, "count": rows, "median": statistics.median(samples)})
+    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
+        for size in sizes:
+            rows = max(world, size // item // world * world)  # full buffer rows, a multiple of world
+            full = torch.ones(rows, dtype=dtype, device=device)
+            calls = {
+                "reduce_scatter": lambda: ops.reduce_scatter(full, group),
+                "all_gather": lambda: ops.all_gather(full[: rows // world], group),
+                "all_reduce": lambda: ops.all_reduce(full, group),
+            }
+            for op, fn in calls.items():
+                with phase(f"{op} {rows * item}B"):
+                    out.append({"op": op, "size": rows * item, "count": rows,
+                                "median": time_across_ranks(fn, device, warmup, repeats)})
     return out
 
 
@@ -103,7 +93,8 @@ def run(args) -> int:
     rows = []
     for world in args.tp:
         per_rank = run_world(world, _worker, args.sizes, args.dtype, args.warmup, args.repeats,
-                             device.type, backend=backend, threads=1, timeout=600)
+                             device.type, args.profile, args.trace, backend=backend, threads=1,
+                             timeout=600)
         for rec in per_rank[0]:
             t = max(r["median"] for rank in per_rank for r in rank
                     if r["op"] == rec["op"] and r["size"] == rec["size"])

@@ -4,15 +4,14 @@ separate ops (reduce_scatter, mhc_post, mhc_pre, all_gather). gloo ranks on CPU,
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 from .. import reference as R
 from ..launch import run_world
 from . import report
+from ..profiling import phase, profiled
 from .ops_cmd import add_common_args, int_list
+from .timing import rank_device, time_across_ranks
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
 
@@ -40,31 +39,21 @@ def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) 
 
 
 def _worker(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: int, repeats: int,
-            device_type: str):
-    import torch.distributed as dist
-
+            device_type: str, profile=None, trace=None):
     import mhc_sp.distributed as msd
 
-    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    device = rank_device(device_type)
     group = msd.init(device=device_type)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     out = []
-    for T in tokens:
-        i = R.random_inputs(T, n, H, seed=0, device=device)
-        gen = torch.Generator().manual_seed(1 + rank)
-        partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
-        for name, fn in boundary_paths(i, partial, rank, world, group, T).items():
-            for _ in range(warmup):
-                fn()
-            samples = []
-            for _ in range(repeats):
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                samples.append(time.perf_counter() - start)
-            out.append({"tokens": T, "path": name, "median": statistics.median(samples)})
+    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
+        for T in tokens:
+            i = R.random_inputs(T, n, H, seed=0, device=device)
+            gen = torch.Generator().manual_seed(1 + rank)
+            partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
+            for name, fn in boundary_paths(i, partial, rank, world, group, T).items():
+                with phase(f"{name} T={T}"):
+                    out.append({"tokens": T, "path": name,
+                                "median": time_across_ranks(fn, device, warmup, repeats)})
     return out
 
 
@@ -94,8 +83,8 @@ def run(args) -> int:
     rows = []
     for world in args.tp:
         per_rank = run_world(world, _worker, args.tokens, args.hidden, args.hc_mult, args.warmup,
-                             args.repeats, device.type, backend=backend, threads=threads,
-                             timeout=600)
+                             args.repeats, device.type, args.profile, args.trace, backend=backend,
+                             threads=threads, timeout=600)
         for T in args.tokens:
             # A boundary is as slow as its slowest rank.
             t = {p: max(r["median"] for rank in per_rank for r in rank if r["tokens"] == T and r["path"] == p)

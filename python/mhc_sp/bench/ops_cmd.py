@@ -11,6 +11,7 @@ from .. import ops
 from .. import reference as R
 from ..config import MhcConfig
 from . import report
+from ..profiling import phase, profiled
 from .timing import copy_bandwidth, time_call
 
 OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "post_then_pre", "mhc_pre_broadcast", "hc_head")
@@ -90,6 +91,10 @@ def add_common_args(p) -> None:
     p.add_argument("--json", help="write results as JSON")
     p.add_argument("--csv", help="write results as CSV")
     p.add_argument("--plot", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--profile", choices=("nsys", "torch"),
+                   help="nsys: cudaProfilerStart/Stop around the measured region (run under "
+                        "nsys profile --capture-range=cudaProfilerApi); torch: a torch.profiler trace")
+    p.add_argument("--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)")
 
 
 def run(args) -> int:
@@ -104,34 +109,8 @@ def run(args) -> int:
     if set(baselines) - {"eager", "compile"}:
         report.usage_error("ops", f"--compare: expected eager,compile or none, got {args.compare!r}")
     cfg = MhcConfig(hc_mult=args.hc_mult)
-    rows = []
-    for H in args.hidden:
-        for T in args.tokens:
-            i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
-            small = T <= 16 and device.type == "cuda"
-            timed = lambda f: time_call(f, device, args.warmup, args.repeats, cuda_graph=small)  # noqa: E731
-            copy_bw = copy_bandwidth(bytes_moved("mhc_post", T, args.hc_mult, H), device,
-                                     args.warmup, args.repeats)
-            gemm = None
-            if args.gemm:
-                X = i["residual"].float().reshape(T, -1)
-                gemm = timed(lambda: torch.matmul(X, i["fn"].t())).median
-            for name in names:
-                fused, reference = op_calls(name, i, cfg)
-                t = timed(fused)
-                nbytes = bytes_moved(name, T, args.hc_mult, H)
-                row = {"op": name, "tokens": T, "hidden": H, "median_us": t.median * 1e6,
-                       "p10_us": t.p10 * 1e6, "p90_us": t.p90 * 1e6, "GB/s": nbytes / t.median / 1e9,
-                       "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / t.median / copy_bw}
-                if gemm is not None:
-                    row["x_gemm"] = t.median / gemm
-                if "eager" in baselines:
-                    row["x_eager"] = timed(reference).median / t.median
-                if "compile" in baselines:
-                    torch._dynamo.reset()
-                    compiled = torch.compile(reference, dynamic=False)
-                    row["x_compile"] = timed(compiled).median / t.median
-                rows.append(row)
+    with profiled(args.profile, args.trace):
+        rows = measure(args, names, baselines, cfg, device)
     columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
     columns += [c for c in ("x_gemm", "x_eager", "x_compile") if rows and c in rows[0]]
 
@@ -146,3 +125,37 @@ def run(args) -> int:
 
     report.emit("ops", rows, columns, args, device, plot=plot)
     return 0
+
+
+def measure(args, names, baselines, cfg, device) -> list[dict]:
+    """One row per (hidden, tokens, op)."""
+    rows = []
+    shapes = [(H, T) for H in args.hidden for T in args.tokens]
+    for H, T in report.progress(shapes, "ops"):
+        i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
+        small = T <= 16 and device.type == "cuda"
+        timed = lambda f: time_call(f, device, args.warmup, args.repeats, cuda_graph=small)  # noqa: E731
+        copy_bw = copy_bandwidth(bytes_moved("mhc_post", T, args.hc_mult, H), device,
+                                 args.warmup, args.repeats)
+        gemm = None
+        if args.gemm:
+            X = i["residual"].float().reshape(T, -1)
+            gemm = timed(lambda: torch.matmul(X, i["fn"].t())).median
+        for name in names:
+            fused, reference = op_calls(name, i, cfg)
+            with phase(f"{name} T={T} H={H}"):
+                t = timed(fused)
+            nbytes = bytes_moved(name, T, args.hc_mult, H)
+            row = {"op": name, "tokens": T, "hidden": H, "median_us": t.median * 1e6,
+                   "p10_us": t.p10 * 1e6, "p90_us": t.p90 * 1e6, "GB/s": nbytes / t.median / 1e9,
+                   "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / t.median / copy_bw}
+            if gemm is not None:
+                row["x_gemm"] = t.median / gemm
+            if "eager" in baselines:
+                row["x_eager"] = timed(reference).median / t.median
+            if "compile" in baselines:
+                torch._dynamo.reset()
+                compiled = torch.compile(reference, dynamic=False)
+                row["x_compile"] = timed(compiled).median / t.median
+            rows.append(row)
+    return rows

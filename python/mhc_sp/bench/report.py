@@ -8,7 +8,7 @@ import json
 import platform
 import shlex
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 import torch
 
@@ -78,7 +78,19 @@ def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torc
     return doc
 
 
-def usage_error(command: str, message: str) -> "NoReturn":  # noqa: F821
+def usage_error(command: str, message: str) -> NoReturn:
     """A bad flag found after parsing: argparse's format and exit status 2, no traceback."""
     print(f"mhc-sp-bench {command}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def progress(items, label: str):
+    """Yield ``items`` while drawing ``label i/n`` on stderr (only on a terminal)."""
+    items = list(items)
+    tty = sys.stderr.isatty()
+    for k, item in enumerate(items, 1):
+        if tty:
+            print(f"\r{label} {k}/{len(items)} {item}".ljust(70), end="", file=sys.stderr, flush=True)
+        yield item
+    if tty and items:
+        print(file=sys.stderr)

@@ -74,3 +74,27 @@ def copy_bandwidth(nbytes: int, device: torch.device, warmup: int = 3, repeats: 
     src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device=device)
     t = time_call(lambda: torch.empty_like(src).copy_(src), device, warmup, repeats)
     return 2 * src.numel() / t.median
+
+
+def time_across_ranks(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of ``fn()`` on this rank, every call started together (a barrier first) and
+    finished on the device before the clock stops. Called by every rank of the world."""
+    import torch.distributed as dist
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def rank_device(device_type: str) -> torch.device:
+    """This rank's device: its current CUDA device, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
