@@ -15,61 +15,11 @@ if not torch.cuda.is_available():
 
 from mhc_sp import ops  # noqa: E402
 from mhc_sp import reference as R  # noqa: E402
-from mhc_sp.config import MhcConfig  # noqa: E402
 from mhc_sp.reference import assert_close  # noqa: E402
+from op_cases import (CFG, MATH_OPS, check_against_reference, check_outputs, golden_expected,  # noqa: E402
+                      op_args, run_op, to_device)
 
-CFG = MhcConfig()
 DEV = "cuda"
-MATH_OPS = ["mhc_pre", "mhc_post", "mhc_post_pre", "mhc_pre_broadcast", "hc_head"]
-OUT_NAMES = {
-    "mhc_pre": ["post", "comb", "layer_input"],
-    "mhc_post": ["out"],
-    "mhc_post_pre": ["residual", "post", "comb", "layer_input"],
-    "mhc_pre_broadcast": ["residual", "post", "comb", "layer_input"],
-    "hc_head": ["out"],
-}
-
-
-def run_op(impl, name, i, norm=True):
-    """Op `name` of mhc_sp.ops or mhc_sp.reference on an inputs dict; always a tuple."""
-    w = i["norm_weight"] if norm else None
-    if name == "mhc_pre":
-        return tuple(impl.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg=CFG))
-    if name == "mhc_post":
-        return (impl.mhc_post(i["x"], i["residual"], i["post"], i["comb"]),)
-    if name == "mhc_post_pre":
-        return tuple(impl.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                                       i["base"], w, cfg=CFG))
-    if name == "mhc_pre_broadcast":
-        return tuple(impl.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg=CFG))
-    if name == "hc_head":
-        if impl is ops:
-            return (ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], cfg=CFG),)
-        return (R.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG.rms_eps,
-                          CFG.hc_eps),)
-    raise KeyError(name)
-
-
-def check_outputs(name, got, expected):
-    assert len(got) == len(expected)
-    for out_name, a, b in zip(OUT_NAMES[name], got, expected):
-        assert a.device.type == "cuda", f"{name}.{out_name} on {a.device}"
-        assert_close(a, b, f"{name}.{out_name}")
-
-
-def check_against_reference(name, i, norm=True):
-    """For mhc_post_pre the coefficients are checked against reference.mhc_pre of the op's own
-    residual_out: a different fp32 summation order may move a post output by one bf16 ulp, and
-    the projection + Sinkhorn amplify such a flip beyond the coefficient tolerance, so the only
-    well-posed check of the pre half is on the stream the op actually produced (which is itself
-    checked against the reference post at bf16 tolerance)."""
-    got = run_op(ops, name, i, norm)
-    expected = run_op(R, name, i, norm)
-    if name == "mhc_post_pre":
-        assert_close(got[0], expected[0], "mhc_post_pre.residual")
-        expected = (got[0], *R.mhc_pre(got[0], i["fn"], i["scale"], i["base"],
-                                       i["norm_weight"] if norm else None, CFG))
-    check_outputs(name, got, expected)
 
 
 def inputs(T, n, H, seed=None):
@@ -120,13 +70,12 @@ def test_matches_cpu_kernels(name, T, n, H):
     """The CUDA and CPU kernels implement the same numerics (post_pre: see check_against_reference)."""
     i = inputs(T, n, H)
     got = run_op(ops, name, i)
-    cpu = run_op(ops, name, {k: v.cpu() for k, v in i.items()})
+    cpu = run_op(ops, name, to_device(i, "cpu"))
     if name == "mhc_post_pre":
         assert_close(got[0].cpu(), cpu[0], "residual vs cpu")
         cpu = (got[0].cpu(), *ops.mhc_pre(got[0].cpu(), i["fn"].cpu(), i["scale"].cpu(), i["base"].cpu(),
                                           i["norm_weight"].cpu(), CFG))
-    for out_name, a, b in zip(OUT_NAMES[name], got, cpu):
-        assert_close(a.cpu(), b, f"{name}.{out_name} vs cpu")
+    check_outputs(name, [a.cpu() for a in got], cpu)
 
 
 def test_golden_on_cuda():
@@ -136,12 +85,9 @@ def test_golden_on_cuda():
         pytest.skip(f"golden data not found at {path} (set MHC_SP_GOLDEN)")
     golden = torch.load(path, weights_only=True)
     for case in golden["cases"]:
-        i = {k: v.to(DEV) for k, v in case["inputs"].items()}
+        i = to_device(case["inputs"], DEV)
         for name in ("mhc_pre", "mhc_post", "mhc_pre_broadcast", "hc_head"):
-            g = case[name]
-            expected = [g] if name in ("mhc_post", "hc_head") else [g[k] for k in OUT_NAMES[name]]
-            for out_name, a, b in zip(OUT_NAMES[name], run_op(ops, name, i), expected):
-                assert_close(a.cpu(), b, f"golden {name}.{out_name}")
+            check_outputs(name, [a.cpu() for a in run_op(ops, name, i)], golden_expected(case, name))
         residual, post, comb, layer_input = run_op(ops, "mhc_post_pre", i)
         assert_close(residual.cpu(), case["mhc_post_pre"]["residual"], "golden mhc_post_pre.residual")
         assert_close(layer_input.cpu(), case["mhc_post_pre"]["layer_input"], "golden mhc_post_pre.layer_input")
@@ -167,18 +113,6 @@ def test_deterministic(name):
 
 
 # ---- torch.library / CUDA graphs / streams -------------------------------------------------
-
-def op_args(name, i):
-    S = CFG.scalars()
-    return {
-        "mhc_pre": (i["residual"], i["fn"], i["scale"], i["base"], i["norm_weight"], *S),
-        "mhc_post": (i["x"], i["residual"], i["post"], i["comb"]),
-        "mhc_post_pre": (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
-                         i["norm_weight"], *S),
-        "mhc_pre_broadcast": (i["x"], i["fn"], i["scale"], i["base"], None, *S),
-        "hc_head": (i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG.rms_eps, CFG.hc_eps),
-    }[name]
-
 
 @pytest.mark.parametrize("name", MATH_OPS)
 @pytest.mark.parametrize("T", [6, 70])

@@ -7,69 +7,8 @@ from hypothesis import strategies as st
 
 from mhc_sp import ops
 from mhc_sp import reference as R
-from mhc_sp.config import MhcConfig
 from mhc_sp.reference import assert_close
-
-CFG = MhcConfig()
-
-
-def run_op(impl, name, i, norm=True):
-    """Call op `name` of `impl` (mhc_sp.ops or mhc_sp.reference) on an inputs dict."""
-    w = i["norm_weight"] if norm else None
-    if name == "mhc_pre":
-        return impl.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg=CFG)
-    if name == "mhc_post":
-        return (impl.mhc_post(i["x"], i["residual"], i["post"], i["comb"]),)
-    if name == "mhc_post_pre":
-        return impl.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                                 i["base"], w, cfg=CFG)
-    if name == "mhc_pre_broadcast":
-        return impl.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg=CFG)
-    if name == "hc_head":
-        if impl is ops:
-            return (ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], cfg=CFG),)
-        return (R.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"],
-                          CFG.rms_eps, CFG.hc_eps),)
-    raise KeyError(name)
-
-
-MATH_OPS = ["mhc_pre", "mhc_post", "mhc_post_pre", "mhc_pre_broadcast", "hc_head"]
-OUT_NAMES = {
-    "mhc_pre": ["post", "comb", "layer_input"],
-    "mhc_post": ["out"],
-    "mhc_post_pre": ["residual", "post", "comb", "layer_input"],
-    "mhc_pre_broadcast": ["residual", "post", "comb", "layer_input"],
-    "hc_head": ["out"],
-}
-
-
-def golden_expected(case, name, norm=True):
-    g = case[name]
-    if name in ("mhc_post", "hc_head"):
-        return [g]
-    if name == "mhc_pre":
-        return [g["post"], g["comb"], g["layer_input"] if norm else g["layer_input_no_norm"]]
-    return [g[k] for k in OUT_NAMES[name]]
-
-
-def check_against_reference(name, i, norm=True):
-    """The op against the reference. For mhc_post_pre the reference pre runs on the op's own
-    post output: fp32 summation order may move a stream element by one bf16 ulp, which the
-    projection and Sinkhorn amplify past the coefficient tolerance (see the golden test)."""
-    got = run_op(ops, name, i, norm)
-    expected = run_op(R, name, i, norm)
-    if name == "mhc_post_pre":
-        assert_close(got[0], expected[0], "mhc_post_pre.residual")
-        expected = (got[0], *R.mhc_pre(got[0], i["fn"], i["scale"], i["base"],
-                                       i["norm_weight"] if norm else None, CFG))
-    check_outputs(name, got, expected)
-
-
-def check_outputs(name, got, expected):
-    assert len(got) == len(expected)
-    for out_name, a, b in zip(OUT_NAMES[name], got, expected):
-        assert_close(a, b, f"{name}.{out_name}")
-
+from op_cases import CFG, MATH_OPS, check_against_reference, check_outputs, golden_expected, op_args, run_op
 
 # ---- golden data ---------------------------------------------------------------------------
 
@@ -159,18 +98,6 @@ def test_fuzz_against_reference(name, T, h_blocks, n, norm, seed):
 
 
 # ---- torch.library / torch.compile -----------------------------------------------------------
-
-def op_args(name, i):
-    S = CFG.scalars()
-    return {
-        "mhc_pre": (i["residual"], i["fn"], i["scale"], i["base"], i["norm_weight"], *S),
-        "mhc_post": (i["x"], i["residual"], i["post"], i["comb"]),
-        "mhc_post_pre": (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
-                         i["norm_weight"], *S),
-        "mhc_pre_broadcast": (i["x"], i["fn"], i["scale"], i["base"], None, *S),
-        "hc_head": (i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG.rms_eps, CFG.hc_eps),
-    }[name]
-
 
 @pytest.mark.parametrize("name", MATH_OPS)
 def test_opcheck(name):

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "mhc_sp/kernels.h"
 #include "mhc_sp/coefficients.h"
+#include "mhc_sp/dispatch.h"
 
 namespace mhc_sp::cpu {
 namespace CPU_CAPABILITY {
@@ -45,21 +45,6 @@ inline float hsum(const Vec& v) {
 inline float round_bf16(float v, BFloat16* dst) {
   *dst = BFloat16(v);
   return static_cast<float>(*dst);
-}
-
-template <typename F>
-void dispatch_hc_mult(int64_t n, F&& f) {
-  switch (n) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-  }
-  TORCH_CHECK(false, "hc_mult ", n, " is outside [1, ", kMaxHcMult, "]");
 }
 
 // mhc_post for one token over hidden range [h0, h1).

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "mhc_sp/cuda/post.cuh"
+#include "mhc_sp/dispatch.h"
 #include "mhc_sp/cuda/pre.cuh"
 #include "mhc_sp/kernels.h"
 
@@ -34,21 +35,6 @@ inline int sm_count() {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return std::max(sms, 1);
-}
-
-template <typename F>
-void dispatch_hc_mult(int64_t n, F&& f) {
-  switch (n) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 5: return f(std::integral_constant<int, 5>{});
-    case 6: return f(std::integral_constant<int, 6>{});
-    case 7: return f(std::integral_constant<int, 7>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-  }
-  TORCH_CHECK(false, "hc_mult ", n, " is outside [1, ", kMaxHcMult, "]");
 }
 
 // Runs the projection (+ post / broadcast copy) and the finish for one pre-style op.
