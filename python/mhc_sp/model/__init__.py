@@ -9,7 +9,7 @@ from .linear import (ColumnParallelLinear, ParallelLMHead, ReplicatedLinear, RMS
 from .mhc import HyperConnection, HyperHead, MhcStream
 from .model import (DeepseekV4Model, DeepseekV4MTP, IntermediateTensors, ModelOutput,
                     intermediate_shapes, pp_layer_range)
-from .moe import MoE
+from .moe import MoE, RoutingTrace
 from .parallel import NULL_TIMER, PhaseTimer, TPContext
 from .weights import LoadReport, init_synthetic, load_safetensors, synthetic_state_dict
 
@@ -17,7 +17,7 @@ __all__ = [
     "CausalSelfAttention", "ColumnParallelLinear", "DeepseekV4DecoderLayer", "DeepseekV4MTP",
     "DeepseekV4Model", "HyperConnection", "HyperHead", "IntermediateTensors", "LoadReport",
     "MhcStream", "MoE", "ModelOutput", "NULL_TIMER", "ParallelLMHead", "PhaseTimer",
-    "ReplicatedLinear", "RMSNorm", "RowParallelLinear", "TPContext", "VocabParallelEmbedding",
+    "ReplicatedLinear", "RMSNorm", "RoutingTrace", "RowParallelLinear", "TPContext", "VocabParallelEmbedding",
     "init_synthetic", "intermediate_shapes", "load_safetensors", "pp_layer_range", "rms_norm",
     "synthetic_state_dict",
 ]

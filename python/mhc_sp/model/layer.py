@@ -9,7 +9,7 @@ from ..config import ModelConfig
 from .attention import CausalSelfAttention
 from .linear import RMSNorm
 from .mhc import HyperConnection, MhcStream
-from .moe import MoE
+from .moe import MoE, RoutingTrace
 from .parallel import NULL_TIMER, TPContext
 
 
@@ -65,10 +65,12 @@ class DeepseekV4DecoderLayer(nn.Module):
         return MhcStream(res, post, comb), li
 
     def forward(self, x: Tensor, stream: MhcStream | None, *, num_tokens: int, sharded: bool,
-                reduced: bool = False, timer=NULL_TIMER) -> tuple[Tensor, MhcStream]:
+                reduced: bool = False, timer=NULL_TIMER,
+                routing: RoutingTrace | None = None) -> tuple[Tensor, MhcStream]:
         """Run the layer. ``x``/``stream``/``reduced``: see :meth:`attention_boundary`;
         ``num_tokens``: tokens of this forward (the padded count); ``sharded``: the runner's SP
-        decision. Returns ``(moe partial (num_tokens, H), stream)``."""
+        decision; ``routing``: records/replays the MoE's expert choice.
+        Returns ``(moe partial (num_tokens, H), stream)``."""
         with timer.phase("boundary"):
             stream, h = self.attention_boundary(x, stream, num_tokens=num_tokens, sharded=sharded,
                                                 reduced=reduced)
@@ -80,5 +82,5 @@ class DeepseekV4DecoderLayer(nn.Module):
                                                  self.ffn_norm.weight, self.tp.group, sharded,
                                                  num_tokens, self.cfg.mhc)
         with timer.phase("moe"):
-            partial = self.moe(h, sharded)
+            partial = self.moe(h, sharded, routing=routing)
         return partial, MhcStream(res, post, comb)

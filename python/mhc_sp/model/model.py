@@ -14,6 +14,7 @@ from ..reference import shard_rows
 from .layer import DeepseekV4DecoderLayer
 from .linear import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .mhc import HyperConnection, HyperHead, MhcStream
+from .moe import RoutingTrace
 from .parallel import NULL_TIMER, TPContext
 
 
@@ -91,7 +92,8 @@ class DeepseekV4MTP(nn.Module):
         self.head = HyperHead(H, cfg.mhc, tp, device)
 
     def forward(self, final_stream: Tensor, next_ids: Tensor, *, embed: VocabParallelEmbedding,
-                norm: RMSNorm, lm_head: ParallelLMHead, sharded: bool, timer=NULL_TIMER) -> Tensor:
+                norm: RMSNorm, lm_head: ParallelLMHead, sharded: bool, timer=NULL_TIMER,
+                routing: Optional[RoutingTrace] = None) -> Tensor:
         """Draft logits ``(T, vocab)`` fp32; ``next_ids (T,)`` are the tokens following each
         input position (T = the padded count of this forward)."""
         T = next_ids.shape[0]
@@ -102,7 +104,7 @@ class DeepseekV4MTP(nn.Module):
             e = ops.shard_tokens(e, self.tp.rank, self.tp.size)  # padding rows are zeros
         x = self.eh_proj(torch.cat([self.enorm(e), h], dim=-1))
         partial, stream = self.block(x, MhcStream(final_stream, post, comb), num_tokens=T,
-                                     sharded=sharded, reduced=True, timer=timer)
+                                     sharded=sharded, reduced=True, timer=timer, routing=routing)
         hidden, _ = ops.fused_head(partial, *stream.tensors(), *self.head.args(), self.tp.group,
                                    sharded, T, self.cfg.mhc)
         return lm_head(norm(hidden))
@@ -159,13 +161,15 @@ class DeepseekV4Model(nn.Module):
 
     def forward(self, input_ids: Tensor, *, sharded: bool,
                 intermediate: Optional[IntermediateTensors] = None,
-                mtp_input_ids: Optional[Tensor] = None, timer=NULL_TIMER) -> ModelOutput:
+                mtp_input_ids: Optional[Tensor] = None, timer=NULL_TIMER,
+                routing: Optional[RoutingTrace] = None) -> ModelOutput:
         """Run this stage on ``input_ids (T,)`` int64 (T = the padded count: every stage needs it).
 
         ``sharded``: the runner's SP decision (same on every rank and stage). ``intermediate``:
         the previous stage's hand-off (required on every stage but the first). ``mtp_input_ids``:
         the next token of every position; when given on the last stage with an MTP layer, the
-        draft logits are computed too.
+        draft logits are computed too. ``routing``: records (or replays) every MoE's expert
+        choice, see ``mhc_sp.model.moe.RoutingTrace``.
         """
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 1 or input_ids.dtype != torch.int64:
             raise ValueError(f"input_ids: expected a 1-D int64 tensor of token ids, got "
@@ -184,7 +188,8 @@ class DeepseekV4Model(nn.Module):
             self._check_intermediate(intermediate, T, sharded)
             x, stream, reduced = intermediate.x, intermediate.stream, True
         for layer in self.layers.values():
-            x, stream = layer(x, stream, num_tokens=T, sharded=sharded, reduced=reduced, timer=timer)
+            x, stream = layer(x, stream, num_tokens=T, sharded=sharded, reduced=reduced, timer=timer,
+                              routing=routing)
             reduced = False
         if not self.is_last:
             with timer.phase("boundary"):
@@ -204,7 +209,8 @@ class DeepseekV4Model(nn.Module):
                                  f"{tuple(getattr(mtp_input_ids, 'shape', ()))}")
             with timer.phase("mtp"):
                 mtp_logits = self.mtp(final_stream, mtp_input_ids, embed=self.embed, norm=self.norm,
-                                      lm_head=self.lm_head, sharded=sharded, timer=timer)
+                                      lm_head=self.lm_head, sharded=sharded, timer=NULL_TIMER,
+                                      routing=routing)
         return ModelOutput(logits=logits, mtp_logits=mtp_logits, final_stream=final_stream)
 
     def _check_intermediate(self, it: Optional[IntermediateTensors], T: int, sharded: bool) -> None:

@@ -19,6 +19,7 @@ weights the result by a routing mask (no host reads: used under CUDA graph captu
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,37 @@ from torch import Tensor, nn
 from ..config import MOE_BACKEND_SUPPORTS_TOKEN_SHARD, ModelConfig, check_moe_backend
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .parallel import TPContext, capturing, make_param
+
+
+class RoutingTrace:
+    """The expert choices ``(T, k)`` of every MoE call of a forward, in call order (layers, then
+    the MTP block), in :attr:`recorded`.
+
+    With ``replay`` (another run's ``recorded``), each MoE call uses the replayed experts instead of
+    its own top-k; the weights are still this model's softmax scores at those experts. Comparing two
+    models that way (e.g. tp=4 against tp=1) separates real numerical differences from near-tie
+    routing flips, which bf16 rounding of the partials can cause under any TP size. Replayed
+    choices may have more rows than the forward (a padded run): the first rows are used.
+    """
+
+    def __init__(self, replay: Optional[list[Tensor]] = None):
+        self.recorded: list[Tensor] = []
+        self.replay = replay
+
+    def choose(self, scores: Tensor, top_k: int) -> Tensor:
+        """The experts for this call: this model's top-k, or the replayed choice."""
+        if self.replay is None:
+            ids = scores.topk(top_k, dim=-1).indices
+        else:
+            call = len(self.recorded)
+            if call >= len(self.replay):
+                raise ValueError(f"replay: has {len(self.replay)} MoE calls, the forward makes more")
+            ids = self.replay[call][: scores.shape[0]].to(scores.device)
+            if tuple(ids.shape) != (scores.shape[0], top_k):
+                raise ValueError(f"replay[{call}]: expected at least {scores.shape[0]} rows of {top_k} "
+                                 f"experts, got shape {tuple(self.replay[call].shape)}")
+        self.recorded.append(ids)
+        return ids
 
 
 class MoE(nn.Module):
@@ -60,11 +92,16 @@ class MoE(nn.Module):
         self.shared_up = ColumnParallelLinear(H, shared, tp, device) if shared else None
         self.shared_down = RowParallelLinear(shared, H, tp, device) if shared else None
 
-    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def route(self, x: Tensor, routing: Optional[RoutingTrace] = None) -> tuple[Tensor, Tensor]:
         """Top-k experts per token: ``(ids (T, k) int64, weights (T, k) fp32)``; the weights are the
-        softmax scores renormalised over the chosen k, times ``routed_scaling_factor``."""
+        softmax scores renormalised over the chosen k, times ``routed_scaling_factor``.
+        ``routing``: records (or replays) the choice."""
         scores = F.linear(x.float(), self.router.float()).softmax(-1)
-        weights, ids = scores.topk(self.top_k, dim=-1)
+        if routing is None:
+            ids = scores.topk(self.top_k, dim=-1).indices
+        else:
+            ids = routing.choose(scores, self.top_k)
+        weights = scores.gather(-1, ids)
         weights = weights / weights.sum(-1, keepdim=True) * self.scaling
         return ids, weights
 
@@ -88,13 +125,15 @@ class MoE(nn.Module):
     def _capacity(self, T: int) -> int:
         return math.ceil(self.capacity_factor * T * self.top_k / self.num_experts)
 
-    def forward(self, x: Tensor, sharded: bool = False, dense: bool = False) -> Tensor:
+    def forward(self, x: Tensor, sharded: bool = False, dense: bool = False,
+                routing: Optional[RoutingTrace] = None) -> Tensor:
         """This rank's partial of the MoE output for the gathered ``x (T, H)``. ``sharded``: the SP
         decision (a backend that cannot shard raises NotImplementedError). ``dense``: use the
-        dense formulation (always used while capturing a CUDA graph)."""
+        dense formulation (always used while capturing a CUDA graph). ``routing``: see
+        :class:`RoutingTrace`."""
         check_moe_backend(self.backend, sharded)
         T = x.shape[0]
-        ids, weights = self.route(x)
+        ids, weights = self.route(x, routing)
         out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
         if dense or capturing(x):
             mask = self.combine_weights(ids, weights, T)
