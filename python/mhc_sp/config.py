@@ -136,6 +136,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Attention head width: hidden_size / num_heads."""
         return self.hidden_size // self.num_heads
 
     @property
@@ -224,6 +225,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
+        """Ranks needed: tensor_parallel_size * pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 

@@ -163,9 +163,11 @@ class ModelRunner:
 
     @property
     def is_last_stage(self) -> bool:
+        """This rank runs the last pipeline stage (it returns the logits)."""
         return self.groups.pp_rank == self.groups.pp_size - 1
 
     def plan(self, num_tokens: int) -> ForwardPlan:
+        """The :class:`ForwardPlan` this runner uses for ``num_tokens`` tokens."""
         return plan_forward(num_tokens, self.engine, self.device)
 
     @torch.no_grad()
@@ -290,6 +292,7 @@ class _CapturedForward:
                           mtp_input_ids=self.mtp_ids, timer=NULL_TIMER)
 
     def replay(self, ids: Tensor, mtp_ids: Optional[Tensor], intermediate: Optional[IntermediateTensors]):
+        """Copy the inputs into the static buffers, replay, and return copies of the outputs."""
         self.ids.copy_(ids)
         if self.mtp_ids is not None:
             self.mtp_ids.copy_(mtp_ids)

@@ -24,6 +24,7 @@ class MhcStream:
     comb: Tensor
 
     def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(residual, post, comb)``, in the order the fused ops take them."""
         return self.residual, self.post, self.comb
 
 
@@ -39,6 +40,7 @@ class HyperConnection(nn.Module):
         self.base = make_param((M,), None, tp, torch.float32, "hc_base", device)
 
     def args(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(fn, scale, base)``, in the order the ops take them."""
         return self.fn, self.scale, self.base
 
 
@@ -53,4 +55,5 @@ class HyperHead(nn.Module):
         self.base = make_param((n,), None, tp, torch.float32, "hc_base", device)
 
     def args(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(fn, scale, base)``, in the order the ops take them."""
         return self.fn, self.scale, self.base

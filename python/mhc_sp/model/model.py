@@ -39,6 +39,7 @@ class IntermediateTensors:
     stream: MhcStream
 
     def tensors(self) -> list[Tensor]:
+        """``[x, residual, post, comb]``: the order in which stages send and receive them."""
         return [self.x, *self.stream.tensors()]
 
 

@@ -113,7 +113,9 @@ class MoE(nn.Module):
     def combine_weights(self, ids: Tensor, weights: Tensor, T: int) -> Tensor:
         """Dense routing mask ``(T, num_experts)`` fp32: each token's weight for each expert (0 when
         not routed there, or dropped by the capacity backend), computed without host reads."""
-        onehot = F.one_hot(ids, self.num_experts).to(torch.float32)  # (T, k, E)
+        # (T, k, E) one-hot by comparison: F.one_hot may read ids on the host to validate them.
+        experts = torch.arange(self.num_experts, device=ids.device)
+        onehot = (ids.unsqueeze(-1) == experts).to(torch.float32)
         if self.backend == "capacity":
             # Position of each assignment within its expert, in (token, slot) order: keep the
             # first `capacity` — the same cut as the eager path's tokens[:capacity].
@@ -123,6 +125,7 @@ class MoE(nn.Module):
         return (onehot * weights.unsqueeze(-1)).sum(1)
 
     def _capacity(self, T: int) -> int:
+        """Tokens each expert accepts under the capacity backend for a batch of T tokens."""
         return math.ceil(self.capacity_factor * T * self.top_k / self.num_experts)
 
     def forward(self, x: Tensor, sharded: bool = False, dense: bool = False,

@@ -91,6 +91,7 @@ class PhaseTimer:
             self.counts[name] = self.counts.get(name, 0) + 1
 
     def reset(self) -> None:
+        """Forget every recorded phase."""
         self.totals.clear()
         self.counts.clear()
 

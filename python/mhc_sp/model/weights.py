@@ -73,6 +73,7 @@ class LoadReport:
 
     @property
     def ok(self) -> bool:
+        """Nothing missing and nothing unexpected."""
         return not self.missing and not self.unexpected
 
 
