@@ -96,6 +96,7 @@ def test_usage_errors_and_discovered_subcommands(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([])
     assert e.value.code == 2
-    assert [m.__name__ for m in cli.subcommand_modules()] == ["mhc_sp.bench.model_cmd"]
-    help_text = cli.build_parser().format_help()
-    assert "model" in help_text
+    names = [m.__name__ for m in cli.subcommand_modules()]
+    assert "mhc_sp.bench.model_cmd" in names and all(n.endswith("_cmd") for n in names)
+    assert names == sorted(names)
+    assert "model" in cli.build_parser().format_help()
