@@ -1,0 +1,5 @@
+"""``python -m mhc_sp.bench`` = the ``mhc-sp-bench`` console script."""
+
+from .cli import main
+
+raise SystemExit(main())

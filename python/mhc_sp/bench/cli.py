@@ -1,0 +1,45 @@
+"""Entry point of ``mhc-sp-bench`` (``pyproject``: ``mhc-sp-bench = mhc_sp.bench.cli:main``).
+
+Subcommands are discovered, not listed: every module ``mhc_sp.bench.<name>_cmd`` that defines
+``register(subparsers)`` adds its parser there and sets ``func`` (``func(args) -> int`` exit code)
+with ``parser.set_defaults(func=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from types import ModuleType
+from typing import Optional, Sequence
+
+PROG = "mhc-sp-bench"
+
+
+def subcommand_modules() -> list[ModuleType]:
+    """The ``*_cmd`` modules of this package that define ``register``, sorted by name."""
+    from . import __path__ as package_path
+
+    modules = []
+    for info in sorted(pkgutil.iter_modules(package_path), key=lambda i: i.name):
+        if info.name.endswith("_cmd"):
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            if callable(getattr(module, "register", None)):
+                modules.append(module)
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every discovered subcommand registered."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Benchmarks and checks for mhc_sp.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in subcommand_modules():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen subcommand; returns its exit
+    code (argparse usage errors exit with 2 on their own)."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)

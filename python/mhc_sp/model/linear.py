@@ -1,0 +1,114 @@
+"""Tensor-parallel building blocks: RMSNorm, column/row-parallel and replicated linears, the
+vocab-parallel embedding and LM head. Weights are bf16; activations are bf16 ``(T, features)``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops
+from .parallel import TPContext, capturing, make_param
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim with fp32 math and bf16 output (the ops' norm semantics)."""
+    y = x.float()
+    return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+
+
+class RMSNorm(nn.Module):
+    """Replicated RMSNorm weight ``(H,)``. The fused ops take :attr:`weight` directly as
+    ``norm_weight``; calling the module normalises outside the ops (final norm, MTP's enorm)."""
+
+    def __init__(self, hidden: int, eps: float, tp: TPContext, device):
+        super().__init__()
+        self.eps = eps
+        self.weight = make_param((hidden,), None, tp, torch.bfloat16, "norm", device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x W^T`` with W's output features split over the TP group: each rank returns its
+    ``out_features / tp`` columns of y. Input: the full ``(T, in_features)``."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
+        super().__init__()
+        self.weight = make_param((out_features, in_features), 0, tp, torch.bfloat16, "linear", device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x W^T`` with W's input features split over the TP group. Input: this rank's
+    ``in_features / tp`` columns of x. Returns this rank's **un-reduced partial** ``(T, out)``
+    bf16: the sum over ranks is y. The reduction is left to the fused boundary op (all-reduce, or
+    reduce-scatter under SP), which is the whole point of mhc_sp."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
+        super().__init__()
+        self.weight = make_param((out_features, in_features), 1, tp, torch.bfloat16, "linear", device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class ReplicatedLinear(nn.Module):
+    """``y = x W^T`` with the whole W on every rank (used on token shards, where each rank applies
+    it to its own rows)."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
+        super().__init__()
+        self.weight = make_param((out_features, in_features), None, tp, torch.bfloat16, "linear", device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split over the TP group by vocabulary rows. Each rank looks up the ids in
+    its range (zeros elsewhere) and the group all-reduces, so every rank ends with the replicated
+    ``(T, H)`` bf16 embedding that ``fused_entry`` expects. Exactly one rank contributes each row,
+    so the result is bit-identical to the tp=1 lookup."""
+
+    def __init__(self, vocab: int, hidden: int, tp: TPContext, device):
+        super().__init__()
+        self.tp = tp
+        self.vocab = vocab
+        self.weight = make_param((vocab, hidden), 0, tp, torch.bfloat16, "embedding", device)
+
+    def lookup_local(self, ids: Tensor) -> Tensor:
+        """This rank's contribution: rows for ids in its vocab range, zeros for the rest."""
+        rows = self.weight.shape[0]
+        start = self.tp.rank * rows
+        local = ids - start
+        mine = (local >= 0) & (local < rows)
+        out = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
+        return out * mine.unsqueeze(-1).to(out.dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        # The range check reads values on the host, which graph capture forbids; the runner checks
+        # ids before copying them into a graph's static buffer.
+        if not capturing(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
+            raise ValueError(f"input_ids: expected token ids in [0, {self.vocab}), got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        return ops.all_reduce(self.lookup_local(ids), self.tp.group)
+
+
+class ParallelLMHead(nn.Module):
+    """LM head split over the TP group by vocabulary rows: each rank computes its logits columns
+    (fp32) and the group all-gathers them into the full ``(T, vocab)``."""
+
+    def __init__(self, vocab: int, hidden: int, tp: TPContext, device):
+        super().__init__()
+        self.tp = tp
+        self.weight = make_param((vocab, hidden), 0, tp, torch.bfloat16, "linear", device)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        local = F.linear(hidden.float(), self.weight.float())  # (T, vocab / tp)
+        # ops.all_gather concatenates dim 0, so gather the transposed (vocab / tp, T) slices.
+        full = ops.all_gather(local.t().contiguous(), self.tp.group)
+        return full.t()
