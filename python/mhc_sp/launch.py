@@ -20,7 +20,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, backend, threads, fn, args, queue):
+def _entry(rank, world, port, backend, threads, collective_timeout, fn, args, queue):
     import torch
     import torch.distributed as dist
 
@@ -30,7 +30,7 @@ def _entry(rank, world, port, backend, threads, fn, args, queue):
         if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+                                world_size=world, timeout=timedelta(seconds=collective_timeout))
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001  (report everything to the parent)
@@ -47,16 +47,18 @@ def _entry(rank, world, port, backend, threads, fn, args, queue):
 
 
 def run_world(world: int, fn, *args, timeout: float = 240.0, expect_exit: set[int] = frozenset(),
-              backend: str = "gloo", threads: int | None = 1):
+              backend: str = "gloo", threads: int | None = 1,
+              collective_timeout: float = COLLECTIVE_TIMEOUT_S):
     """Run ``fn(rank, world, *args)`` (a module-level function) on ``world`` spawned ranks of a
     fresh process group; returns the per-rank results. ``backend``: "gloo", or "cpu:gloo,cuda:nccl"
-    for one GPU per rank. ``threads``: CPU threads per rank (1: several ranks share the cores).
+    for one GPU per rank. ``threads``: CPU threads per rank (1: several ranks share the cores;
+    None: leave it to ``fn``). ``collective_timeout``: seconds a collective waits for a peer.
     Raises AssertionError with each failing rank's traceback, or when the world does not finish
     within ``timeout`` seconds (every rank is killed). Ranks in ``expect_exit`` may die silently."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, threads, fn, args, queue), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, threads, collective_timeout, fn, args, queue), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

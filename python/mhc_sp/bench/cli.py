@@ -1,6 +1,6 @@
 """Entry point of ``mhc-sp-bench`` (``pyproject``: ``mhc-sp-bench = mhc_sp.bench.cli:main``).
 
-Subcommands are discovered, not listed: every module ``mhc_sp.bench.<name>_cmd`` that defines
+Without a subcommand it runs a quick ``layer`` comparison. Subcommands are discovered, not listed: every module ``mhc_sp.bench.<name>_cmd`` that defines
 ``register(subparsers)`` adds its parser there and sets ``func`` (``func(args) -> int`` exit code)
 with ``parser.set_defaults(func=...)``.
 """
@@ -14,6 +14,9 @@ from types import ModuleType
 from typing import Optional, Sequence
 
 PROG = "mhc-sp-bench"
+
+#: What ``mhc-sp-bench`` alone runs: one boundary, fused vs replicated vs separate ops, on 2 ranks.
+QUICK_LAYER = ["--tp", "2", "--tokens", "16,256,2048", "--hidden", "4096", "--warmup", "2", "--repeats", "10"]
 
 
 def subcommand_modules() -> list[ModuleType]:
@@ -32,7 +35,7 @@ def subcommand_modules() -> list[ModuleType]:
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
     parser = argparse.ArgumentParser(prog=PROG, description="Benchmarks and checks for mhc_sp.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in subcommand_modules():
         module.register(subparsers)
     return parser
@@ -41,5 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen subcommand; returns its exit
     code (argparse usage errors exit with 2 on their own)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        # No subcommand: a quick SP boundary comparison on whatever hardware is present.
+        args = parser.parse_args(["layer", *QUICK_LAYER])
     return int(args.func(args) or 0)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-import traceback
 from datetime import timedelta
 from typing import Optional
 
 from ..config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
+from ..launch import run_world
 
 PREFIX = "mhc-sp-bench model"
 
@@ -123,63 +122,19 @@ def run(args: argparse.Namespace) -> int:
 
 # ---- launching ------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_entry(rank, world, port, args, engine, queue):
-    try:
-        result = _rank_main(rank, world, f"tcp://127.0.0.1:{port}", args, engine)
-        queue.put((rank, "ok", result))
-    except BaseException:  # noqa: BLE001  (the parent reports it)
-        queue.put((rank, "error", traceback.format_exc()))
-
-
 def _spawn(world: int, args, engine) -> int:
     """Run ``world`` ranks as spawned processes; print the reporting rank's report."""
-    import queue as queue_mod
-    import time
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results_queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_spawn_entry, args=(r, world, port, args, engine, results_queue),
-                         daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    results, errors = {}, {}
-    deadline = time.monotonic() + args.timeout
+    backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
     try:
-        while len(results) + len(errors) < world:
-            if time.monotonic() > deadline:
-                errors[-1] = f"ranks did not finish within {args.timeout:.0f} s"
-                break
-            try:
-                rank, status, payload = results_queue.get(timeout=1.0)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
-                        and r not in results and r not in errors]
-                for r in dead:
-                    errors[r] = f"rank {r} died with exit code {procs[r].exitcode}"
-                continue
-            (results if status == "ok" else errors)[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    if errors:
-        for r, message in sorted(errors.items()):
-            print(f"{PREFIX}: rank {r} failed:\n{message}", file=sys.stderr)
+        results = run_world(world, _rank_main, None, args, engine, timeout=args.timeout, backend=backend,
+                            threads=None, collective_timeout=max(60.0, args.timeout))
+    except AssertionError as e:
+        print(f"{PREFIX}: {e}", file=sys.stderr)
         return 1
-    for r in range(world):
-        if results[r].get("report"):
-            print("\n".join(results[r]["report"]), flush=True)
-    return max(results[r]["code"] for r in range(world))
+    for result in results:
+        if result.get("report"):
+            print("\n".join(result["report"]), flush=True)
+    return max(result["code"] for result in results)
 
 
 # ---- one rank -------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def measure(args, names, baselines, cfg, device) -> list[dict]:
                                  args.warmup, args.repeats)
         gemm = None
         if args.gemm:
-            X = i["residual"].float().reshape(T, -1)
+            X = i["residual"].float().reshape(T, args.hc_mult * H)
             gemm = timed(lambda: torch.matmul(X, i["fn"].t())).median
         for name in names:
             fused, reference = op_calls(name, i, cfg)
