@@ -93,9 +93,8 @@ def test_usage_errors_and_discovered_subcommands(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["model", "--tp", "two"])
     assert e.value.code == 2 and "invalid int value: 'two'" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        cli.main([])
-    assert e.value.code == 2
+    quick = cli.parse_args([])  # no subcommand: the README's main job, a quick layer comparison
+    assert quick.command == "layer" and quick.tp == [2] and quick.tokens == [16, 256, 2048]
     names = [m.__name__ for m in cli.subcommand_modules()]
     assert "mhc_sp.bench.model_cmd" in names and all(n.endswith("_cmd") for n in names)
     assert names == sorted(names)

@@ -44,9 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen subcommand; returns its exit
     code (argparse usage errors exit with 2 on their own)."""
+    args = parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parsed arguments; no subcommand means ``layer`` with ``QUICK_LAYER``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        # No subcommand: a quick SP boundary comparison on whatever hardware is present.
         args = parser.parse_args(["layer", *QUICK_LAYER])
-    return int(args.func(args) or 0)
+    return args
