@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel >/dev/null
-.venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja "cmake>=3.24" pytest hypothesis safetensors
+.venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja "cmake>=3.24" pytest hypothesis safetensors matplotlib
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation -e .
 .venv/bin/python -c "import mhc_sp; print('mhc_sp build:', mhc_sp.build_info())"

@@ -104,3 +104,27 @@ def test_bad_flags_are_usage_errors(argv):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "error:" in proc.stderr
+
+
+def test_model_quick(tmp_path):
+    doc = run_cli(tmp_path, "model", "--tp", "2", "--tokens", "9", "--sp-threshold", "4", "--layers", "1",
+                  "--hidden", "64", "--iters", "1", "--warmup", "0", "--check")
+    (row,) = doc["rows"]
+    assert doc["kind"] == "model"
+    assert row["tp"] == 2 and row["tokens"] == 9 and row["padded_tokens"] == 10 and row["sp_engaged"] is True
+    assert row["check_passed"] is True and row["max_abs_diff"] >= 0
+    assert row["total_ms"] > 0 and row["phases_ms"][0]
+
+
+def test_torch_profile_trace_and_plot(tmp_path):
+    trace = tmp_path / "trace.json"
+    run_cli(tmp_path, "ops", "--tokens", "2", "--hidden", "64", "--repeats", "2", "--compare", "none",
+            "--ops", "mhc_post_pre", "--profile", "torch", "--trace", str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert "mhc_sp::mhc_post_pre" in names, "the op shows in the trace"
+    assert any(n.startswith("mhc_sp/mhc_post_pre") for n in names), "so does the benchmark phase"
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "plot.png"
+    run_cli(tmp_path, "project", "--tp", "2", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,6 +16,8 @@ from typing import Optional
 
 from ..config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
 from ..launch import run_world
+from ..profiling import profiled
+from . import report
 
 PREFIX = "mhc-sp-bench model"
 
@@ -56,6 +58,10 @@ def register(subparsers) -> None:
                    help="seconds before the spawned ranks are killed (default 600)")
     p.add_argument("--check", action="store_true",
                    help="compare the logits with tp=1; print max_abs_diff=<value>; exit 1 above tolerance")
+    p.add_argument("--json", help="write the run's summary (plan, phase times, check) as JSON")
+    p.add_argument("--profile", choices=("nsys", "torch"),
+                   help="bracket the timed forwards on rank 0 for nsys (cudaProfilerApi) or torch.profiler")
+    p.add_argument("--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)")
     p.set_defaults(func=run)
 
 
@@ -109,18 +115,26 @@ def run(args: argparse.Namespace) -> int:
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if size != world:
             return _error(f"torchrun started {size} ranks but --tp {args.tp} x --pp {args.pp} = {world}")
-        result = _rank_main(rank, world, "env://", args, engine)
-        if result.get("report"):
-            print("\n".join(result["report"]), flush=True)
-        return result["code"]
+        return _finish(args, [_rank_main(rank, world, "env://", args, engine)])
     if world == 1:
-        result = _rank_main(0, 1, None, args, engine)
-        print("\n".join(result["report"]), flush=True)
-        return result["code"]
+        return _finish(args, [_rank_main(0, 1, None, args, engine)])
     return _spawn(world, args, engine)
 
 
 # ---- launching ------------------------------------------------------------------------------
+
+def _finish(args, results: list[dict]) -> int:
+    """Print the reporting rank's lines, write --json; the exit code of the worst rank."""
+    for result in results:
+        if result.get("report"):
+            print("\n".join(result["report"]), flush=True)
+        if result.get("summary") and args.json:
+            import torch
+
+            doc = report.document("model", [result["summary"]], torch.device(args.device))
+            report.write_json(doc, args.json)
+    return max(result["code"] for result in results)
+
 
 def _spawn(world: int, args, engine) -> int:
     """Run ``world`` ranks as spawned processes; print the reporting rank's report."""
@@ -131,10 +145,7 @@ def _spawn(world: int, args, engine) -> int:
     except AssertionError as e:
         print(f"{PREFIX}: {e}", file=sys.stderr)
         return 1
-    for result in results:
-        if result.get("report"):
-            print("\n".join(result["report"]), flush=True)
-    return max(result["code"] for result in results)
+    return _finish(args, results)
 
 
 # ---- one rank -------------------------------------------------------------------------------
@@ -173,9 +184,10 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
             runner.forward(ids, mtp_ids)
         timer = PhaseTimer(sync_cuda=device.type == "cuda")
         total = 0.0
-        for _ in range(args.iters):
-            out = runner.forward(ids, mtp_ids, timer=timer)
-            total += out.timings["total"]
+        with profiled(args.profile if rank == 0 else None, args.trace):  # rank 0 feeds a profiler
+            for _ in range(args.iters):
+                out = runner.forward(ids, mtp_ids, timer=timer)
+                total += out.timings["total"]
         plan = runner.plan(args.tokens)
         reporting = groups.tp.rank == 0 and runner.is_last_stage
         phases = {k: v for k, v in timer.totals.items()}
@@ -184,7 +196,7 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
             stage_phases = [None] * groups.pp_size
             dist.all_gather_object(stage_phases, phases, group=groups.pp_group)
 
-        check_lines, code = [], 0
+        check_lines, code, diff = [], 0, None
         if args.check:
             trace = RoutingTrace()
             out = runner.forward(ids, mtp_ids, routing=trace)
@@ -194,14 +206,20 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
                 dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
                 recorded = [t for stage in per_stage for t in stage]
             if reporting:
-                check_lines, code = _check(engine, groups, device, ids, mtp_ids, out, recorded,
-                                           DeepseekV4Model, TPContext, RoutingTrace, logits_tolerance)
-        report = None
+                check_lines, code, diff = _check(engine, groups, device, ids, mtp_ids, out, recorded,
+                                                 DeepseekV4Model, TPContext, RoutingTrace, logits_tolerance)
+        report = summary = None
         if reporting:
             report = _report(args, engine, plan, stage_phases, total, groups) + check_lines
+            iters = max(1, args.iters)
+            summary = {"tp": engine.parallel.tensor_parallel_size, "pp": engine.parallel.pipeline_parallel_size,
+                       "tokens": plan.num_tokens, "padded_tokens": plan.padded_tokens, "sp_engaged": plan.sharded,
+                       "cudagraph_size": plan.graph_size, "total_ms": 1e3 * total / iters,
+                       "phases_ms": [{k: 1e3 * v / iters for k, v in ph.items()} for ph in stage_phases],
+                       "max_abs_diff": diff, "check_passed": (code == 0) if args.check else None}
         if dist.is_initialized():
             dist.barrier()
-        return {"code": code, "report": report}
+        return {"code": code, "report": report, "summary": summary}
     finally:
         msd.destroy()
         if world > 1 and dist.is_initialized():
@@ -237,7 +255,7 @@ def _check(engine, groups, device, ids, mtp_ids, out, recorded, DeepseekV4Model,
              f"check: {'PASS' if ok else 'FAIL'} (tolerance {tol:.4g} vs tp=1, pp=1 on the same weights"
              f"{' incl. MTP logits' if mtp_ids is not None else ''}; MoE routing replayed from this run; "
              f"{differ}/{choices} expert choices differ from free tp=1 routing)"]
-    return lines, 0 if ok else 1
+    return lines, 0 if ok else 1, diff
 
 
 def _report(args, engine, plan, stage_phases, total, groups) -> list[str]:

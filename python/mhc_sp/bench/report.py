@@ -44,17 +44,26 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def document(kind: str, rows: list[dict], device: torch.device, extra: dict | None = None) -> dict:
+    """The JSON document of a run: kind, command line, environment, extra fields, rows."""
+    return {"kind": kind, "command": command_line(), "environment": environment(device),
+            **(extra or {}), "rows": rows}
+
+
+def write_json(doc: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, default=str)
+
+
 def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torch.device,
          extra: dict | None = None, plot=None) -> dict:
     """Print the table and write the files the user asked for. ``plot(ax, rows)`` draws the
     subcommand's figure when ``--plot`` is given. Returns the JSON document."""
-    doc = {"kind": kind, "command": command_line(), "environment": environment(device),
-           **(extra or {}), "rows": rows}
+    doc = document(kind, rows, device, extra)
     print(f"# {doc['command']}")
     print(format_table(rows, columns))
     if getattr(args, "json", None):
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2, default=str)
+        write_json(doc, args.json)
     if getattr(args, "csv", None):
         with open(args.csv, "w", newline="") as f:
             f.write(f"# {doc['command']}\n")
