@@ -71,9 +71,11 @@ struct GroupEntry {
 };
 
 std::mutex registry_mutex;
+// Never destroyed: at interpreter exit the CUDA runtime may already be gone, and destroying an
+// NCCL communicator then can crash. mhc_sp.distributed.destroy() frees everything while it is safe.
 std::map<std::string, GroupEntry>& registry() {
-  static std::map<std::string, GroupEntry> groups;
-  return groups;
+  static auto* groups = new std::map<std::string, GroupEntry>();
+  return *groups;
 }
 
 GroupEntry& lookup(const std::string& name) {
