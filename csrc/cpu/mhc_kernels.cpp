@@ -24,6 +24,9 @@ constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn 
 constexpr int64_t kChunk = 256;       // hidden elements per projection chunk (scratch stays in L1)
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
+// mhc_post_pre's blocks are smaller: the block's input and output streams must both stay in L2
+// until its pre has read the output back.
+constexpr int64_t kPostPreBlock = 8;
 
 inline void load2(const BFloat16* p, Vec& a, Vec& b) { at::vec::load_to_float(p, a, b); }
 
@@ -47,14 +50,16 @@ inline float round_bf16(float v, BFloat16* dst) {
   return static_cast<float>(*dst);
 }
 
-// mhc_post for one token over hidden range [h0, h1).
+// mhc_post for one token over hidden range [h0, h1). With `squares`, also returns the sum of
+// squares of the bf16-rounded outputs (what the following pre normalises by in mhc_post_pre).
 template <int N>
-void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
-               const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
+float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
+                const float* comb, BFloat16* out, int64_t h0, int64_t h1, bool squares = false) {
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = Vec(post[j]);
   for (int i = 0; i < N; ++i)
     for (int j = 0; j < N; ++j) cv[i][j] = Vec(comb[i * N + j]);
+  Vec sq(0.f);
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
     Vec xa, xb, ra[N], rb[N];
@@ -67,16 +72,20 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
       store2(out + j * H + h, oa, ob);
+      if (squares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
     }
   }
+  float sq_tail = 0.f;
   for (; h < h1; ++h) {
     const float xv = static_cast<float>(x[h]);
     for (int j = 0; j < N; ++j) {
       float o = post[j] * xv;
       for (int i = 0; i < N; ++i) o += comb[i * N + j] * static_cast<float>(res[i * H + h]);
-      out[j * H + h] = BFloat16(o);
+      const float r = round_bf16(o, out + j * H + h);
+      sq_tail += r * r;
     }
   }
+  return squares ? hsum(sq) + sq_tail : 0.f;
 }
 
 void mhc_post(const PostParams& p) {
@@ -260,9 +269,9 @@ void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, con
 // Runs `block(t0, tb)` over blocks of at most kTokenBlock tokens, in parallel. Blocks shrink for
 // small T so that every thread gets work.
 template <typename Block>
-void for_token_blocks(int64_t T, Block&& block) {
+void for_token_blocks(int64_t T, Block&& block, int64_t max_tb = kTokenBlock) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, kTokenBlock);
+  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, max_tb);
   const int64_t blocks = (T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
@@ -290,12 +299,11 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
       float squares[kTokenBlock];
       for (int r = 0; r < tb; ++r) {
         const int64_t t = t0 + r;
-        post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                     q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H);
-        squares[r] = row_squares(out_row(t, 0), N * p.H);
+        squares[r] = post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
+                                  q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H, true);
       }
       pre_block(p, t0, tb, N, squares, out_row, out_row);
-    });
+    }, kPostPreBlock);
   });
 }
 
