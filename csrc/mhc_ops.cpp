@@ -170,7 +170,10 @@ Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& hc_scale,
   return out.layer_input;
 }
 
-TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) {
+namespace {
+
+// One implementation serves both dispatch keys (it runs the kernels of the tensors' device).
+void register_impls(torch::Library& m) {
   m.impl("mhc_pre", &mhc_pre);
   m.impl("mhc_post", &mhc_post);
   m.impl("mhc_post_pre", &mhc_post_pre);
@@ -178,14 +181,11 @@ TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) {
   m.impl("hc_head", &hc_head);
 }
 
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
 #if defined(MHC_SP_WITH_CUDA)
-TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) {
-  m.impl("mhc_pre", &mhc_pre);
-  m.impl("mhc_post", &mhc_post);
-  m.impl("mhc_post_pre", &mhc_post_pre);
-  m.impl("mhc_pre_broadcast", &mhc_pre_broadcast);
-  m.impl("hc_head", &hc_head);
-}
+TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
 }  // namespace mhc_sp

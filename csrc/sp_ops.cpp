@@ -202,7 +202,10 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   return {hidden, residual_out};
 }
 
-TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) {
+namespace {
+
+// One implementation serves both dispatch keys (it runs the kernels of the tensors' device).
+void register_impls(torch::Library& m) {
   m.impl("shard_tokens", &shard_tokens);
   m.impl("all_gather", &all_gather);
   m.impl("reduce_scatter", &reduce_scatter);
@@ -212,16 +215,11 @@ TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) {
   m.impl("fused_head", &fused_head);
 }
 
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
 #if defined(MHC_SP_WITH_CUDA)
-TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) {
-  m.impl("shard_tokens", &shard_tokens);
-  m.impl("all_gather", &all_gather);
-  m.impl("reduce_scatter", &reduce_scatter);
-  m.impl("all_reduce", &all_reduce);
-  m.impl("fused_entry", &fused_entry);
-  m.impl("fused_layer", &fused_layer);
-  m.impl("fused_head", &fused_head);
-}
+TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
 }  // namespace mhc_sp

@@ -85,3 +85,18 @@ def golden_expected(case, name, norm=True):
 
 def to_device(d: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+
+
+def check_compiled_chain(i):
+    """pre -> post -> post_pre -> head traced by torch.compile(fullgraph=True) equals eager."""
+    def chain(residual, x, fn, scale, base, w, head_fn, head_scale, head_base):
+        post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, w)
+        residual = ops.mhc_post(layer_input * 2, residual, post, comb)
+        residual, post, comb, layer_input = ops.mhc_post_pre(x, residual, post, comb, fn, scale, base, w)
+        return ops.hc_head(residual, head_fn, head_scale, head_base), layer_input
+
+    args = (i["residual"], i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], i["head_fn"],
+            i["head_scale"], i["head_base"])
+    compiled = torch.compile(chain, fullgraph=True, backend="inductor")
+    for a, b in zip(compiled(*args), chain(*args)):
+        assert torch.equal(a, b)

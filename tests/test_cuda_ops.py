@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
 from mhc_sp import ops  # noqa: E402
 from mhc_sp import reference as R  # noqa: E402
 from mhc_sp.reference import assert_close  # noqa: E402
-from op_cases import (CFG, MATH_OPS, check_against_reference, check_outputs, golden_expected,  # noqa: E402
-                      op_args, run_op, to_device)
+from op_cases import (CFG, MATH_OPS, check_against_reference, check_compiled_chain, check_outputs,  # noqa: E402
+                      golden_expected, op_args, run_op, to_device)
 
 DEV = "cuda"
 
@@ -162,19 +162,7 @@ def test_runs_on_current_stream():
 
 
 def test_compiled_chain_fullgraph():
-    i = inputs(11, 4, 256, seed=2)
-
-    def chain(residual, x, fn, scale, base, w, head_fn, head_scale, head_base):
-        post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, w)
-        residual = ops.mhc_post(layer_input * 2, residual, post, comb)
-        residual, post, comb, layer_input = ops.mhc_post_pre(x, residual, post, comb, fn, scale, base, w)
-        return ops.hc_head(residual, head_fn, head_scale, head_base), layer_input
-
-    args = (i["residual"], i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], i["head_fn"],
-            i["head_scale"], i["head_base"])
-    compiled = torch.compile(chain, fullgraph=True, backend="inductor")
-    for a, b in zip(compiled(*args), chain(*args)):
-        assert torch.equal(a, b)
+    check_compiled_chain(inputs(11, 4, 256, seed=2))
 
 
 # ---- mixed devices ---------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.reference import assert_close
-from op_cases import CFG, MATH_OPS, check_against_reference, check_outputs, golden_expected, op_args, run_op
+from op_cases import (CFG, MATH_OPS, check_against_reference, check_compiled_chain, check_outputs,
+                      golden_expected, op_args, run_op)
 
 # ---- golden data ---------------------------------------------------------------------------
 
@@ -106,16 +107,4 @@ def test_opcheck(name):
 
 
 def test_compiled_chain_fullgraph():
-    i = R.random_inputs(11, 4, 256, seed=2)
-
-    def chain(residual, x, fn, scale, base, w, head_fn, head_scale, head_base):
-        post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, w)
-        residual = ops.mhc_post(layer_input * 2, residual, post, comb)
-        residual, post, comb, layer_input = ops.mhc_post_pre(x, residual, post, comb, fn, scale, base, w)
-        return ops.hc_head(residual, head_fn, head_scale, head_base), layer_input
-
-    args = (i["residual"], i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], i["head_fn"],
-            i["head_scale"], i["head_base"])
-    compiled = torch.compile(chain, fullgraph=True, backend="inductor")
-    for a, b in zip(compiled(*args), chain(*args)):
-        assert torch.equal(a, b)
+    check_compiled_chain(R.random_inputs(11, 4, 256, seed=2))
