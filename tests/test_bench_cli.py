@@ -24,7 +24,9 @@ def test_ops_quick(tmp_path):
     doc = run_cli(tmp_path, "ops", "--tokens", "0,3", "--hidden", "128", "--repeats", "2", "--warmup", "1",
                   "--compare", "eager", "--gemm")
     assert doc["kind"] == "ops"
-    assert len(doc["rows"]) == 2 * 6
+    assert len(doc["rows"]) == 2 * 5
+    (post_pre,) = [r for r in doc["rows"] if r["op"] == "mhc_post_pre" and r["tokens"] == 3]
+    assert post_pre["x_separate"] > 0  # post then pre, timed interleaved with the fused op
     for r in doc["rows"]:
         assert {"op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "copy_GB/s", "%copy",
                 "x_gemm", "x_eager"} <= set(r)

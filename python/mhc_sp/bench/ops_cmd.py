@@ -12,9 +12,9 @@ from .. import reference as R
 from ..config import MhcConfig
 from . import report
 from ..profiling import phase, profiled
-from .timing import copy_bandwidth, time_call
+from .timing import copy_bandwidth, time_calls
 
-OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "post_then_pre", "mhc_pre_broadcast", "hc_head")
+OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "mhc_pre_broadcast", "hc_head")
 
 
 def bytes_moved(name: str, T: int, n: int, H: int) -> int:
@@ -25,7 +25,6 @@ def bytes_moved(name: str, T: int, n: int, H: int) -> int:
         "mhc_post": 2 * stream + hidden,
         "mhc_pre": stream + fn + hidden,
         "mhc_post_pre": 2 * stream + 2 * hidden + fn,
-        "post_then_pre": 2 * stream + 2 * hidden + fn,
         "mhc_pre_broadcast": stream + 2 * hidden + 4 * M * H,
         "hc_head": stream + hidden + 4 * n * n * H,
     }[name]
@@ -40,13 +39,10 @@ def op_calls(name: str, i: dict, cfg: MhcConfig):
     if name == "mhc_pre":
         return (lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg),
                 lambda: R.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg))
-    if name in ("mhc_post_pre", "post_then_pre"):
+    if name == "mhc_post_pre":
         args = (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], w)
-        if name == "mhc_post_pre":
-            fused = lambda: ops.mhc_post_pre(*args, cfg=cfg)  # noqa: E731
-        else:
-            fused = lambda: ops.mhc_pre(ops.mhc_post(*args[:4]), *args[4:], cfg=cfg)  # noqa: E731
-        return fused, lambda: R.mhc_post_pre(*args, cfg=cfg)
+        return (lambda: ops.mhc_post_pre(*args, cfg=cfg),
+                lambda: R.mhc_post_pre(*args, cfg=cfg))
     if name == "mhc_pre_broadcast":
         return (lambda: ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg),
                 lambda: R.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg))
@@ -112,7 +108,7 @@ def run(args) -> int:
     with profiled(args.profile, args.trace):
         rows = measure(args, names, baselines, cfg, device)
     columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
-    columns += [c for c in ("x_gemm", "x_eager", "x_compile") if rows and c in rows[0]]
+    columns += [c for c in ("x_gemm", "x_separate", "x_eager", "x_compile") if any(c in r for r in rows)]
 
     def plot(ax, rows):
         for name in names:
@@ -128,34 +124,40 @@ def run(args) -> int:
 
 
 def measure(args, names, baselines, cfg, device) -> list[dict]:
-    """One row per (hidden, tokens, op)."""
+    """One row per (hidden, tokens, op). An op and its baselines are timed interleaved."""
     rows = []
     shapes = [(H, T) for H in args.hidden for T in args.tokens]
     for H, T in report.progress(shapes, "ops"):
         i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
         small = T <= 16 and device.type == "cuda"
-        timed = lambda f: time_call(f, device, args.warmup, args.repeats, cuda_graph=small)  # noqa: E731
         copy_bw = copy_bandwidth(bytes_moved("mhc_post", T, args.hc_mult, H), device,
                                  args.warmup, args.repeats)
-        gemm = None
-        if args.gemm:
-            X = i["residual"].float().reshape(T, args.hc_mult * H)
-            gemm = timed(lambda: torch.matmul(X, i["fn"].t())).median
+        X = i["residual"].float().reshape(T, args.hc_mult * H)
         for name in names:
             fused, reference = op_calls(name, i, cfg)
-            with phase(f"{name} T={T} H={H}"):
-                t = timed(fused)
-            nbytes = bytes_moved(name, T, args.hc_mult, H)
-            row = {"op": name, "tokens": T, "hidden": H, "median_us": t.median * 1e6,
-                   "p10_us": t.p10 * 1e6, "p90_us": t.p90 * 1e6, "GB/s": nbytes / t.median / 1e9,
-                   "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / t.median / copy_bw}
-            if gemm is not None:
-                row["x_gemm"] = t.median / gemm
+            fns = {"op": fused}
+            if name == "mhc_post_pre":  # the same work as two ops
+                post_args = (i["x"], i["residual"], i["post"], i["comb"])
+                fns["separate"] = lambda: ops.mhc_pre(ops.mhc_post(*post_args), i["fn"], i["scale"],
+                                                      i["base"], i["norm_weight"], cfg)
+            if args.gemm:
+                fns["gemm"] = lambda: torch.matmul(X, i["fn"].t())
             if "eager" in baselines:
-                row["x_eager"] = timed(reference).median / t.median
+                fns["eager"] = reference
             if "compile" in baselines:
                 torch._dynamo.reset()
-                compiled = torch.compile(reference, dynamic=False)
-                row["x_compile"] = timed(compiled).median / t.median
+                fns["compile"] = torch.compile(reference, dynamic=False)
+            with phase(f"{name} T={T} H={H}"):
+                t = time_calls(fns, device, args.warmup, args.repeats, cuda_graph=small)
+            op = t["op"]
+            nbytes = bytes_moved(name, T, args.hc_mult, H)
+            row = {"op": name, "tokens": T, "hidden": H, "median_us": op.median * 1e6,
+                   "p10_us": op.p10 * 1e6, "p90_us": op.p90 * 1e6, "GB/s": nbytes / op.median / 1e9,
+                   "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / op.median / copy_bw}
+            if "gemm" in t:
+                row["x_gemm"] = op.median / t["gemm"].median
+            for base in ("separate", "eager", "compile"):
+                if base in t:
+                    row[f"x_{base}"] = t[base].median / op.median
             rows.append(row)
     return rows

@@ -98,3 +98,22 @@ def time_across_ranks(fn: Callable[[], object], device: torch.device, warmup: in
 def rank_device(device_type: str) -> torch.device:
     """This rank's device: its current CUDA device, or the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+
+
+def time_calls(fns: dict, device: torch.device, warmup: int = 3, repeats: int = 20,
+               cuda_graph: bool = False) -> dict:
+    """``time_call`` for several callables that are compared with each other. On CPU their calls
+    are interleaved (a, b, c, a, b, c, ...) so that drift of a shared machine (frequency, noisy
+    neighbours) biases none of them; CUDA events are taken per callable."""
+    if device.type == "cuda":
+        return {name: time_call(fn, device, warmup, repeats, cuda_graph) for name, fn in fns.items()}
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: _summarise(s) for name, s in samples.items()}
