@@ -102,18 +102,23 @@ def rank_device(device_type: str) -> torch.device:
 
 def time_calls(fns: dict, device: torch.device, warmup: int = 3, repeats: int = 20,
                cuda_graph: bool = False) -> dict:
-    """``time_call`` for several callables that are compared with each other. On CPU their calls
-    are interleaved (a, b, c, a, b, c, ...) so that drift of a shared machine (frequency, noisy
-    neighbours) biases none of them; CUDA events are taken per callable."""
+    """``time_call`` for several callables that are compared with each other. On CPU the timed
+    calls come in rounds (a a a, b b b, c c c, a a a, ...), each burst after one untimed call, so
+    that neither drift of a shared machine nor the cache state another callable left behind
+    biases the comparison; CUDA events are taken per callable."""
     if device.type == "cuda":
         return {name: time_call(fn, device, warmup, repeats, cuda_graph) for name, fn in fns.items()}
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    rounds = max(1, min(5, repeats))
+    per_round = -(-repeats // rounds)
     samples = {name: [] for name in fns}
-    for _ in range(repeats):
+    for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
             fn()
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
     return {name: _summarise(s) for name, s in samples.items()}
