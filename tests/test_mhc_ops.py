@@ -108,3 +108,14 @@ def test_opcheck(name):
 
 def test_compiled_chain_fullgraph():
     check_compiled_chain(R.random_inputs(11, 4, 256, seed=2))
+
+
+def test_nan_propagates_like_reference():
+    i = R.random_inputs(3, 4, 40, seed=4)  # H=40: the 16-wide vector path and the scalar tail
+    i["x"][1, 5] = float("nan")
+    i["x"][2, 37] = float("nan")
+    for name in ("mhc_post", "mhc_post_pre"):
+        got, expected = run_op(ops, name, i)[0], run_op(R, name, i)[0]
+        assert torch.isnan(got).any()
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), name
+        assert not torch.isinf(got).any(), name

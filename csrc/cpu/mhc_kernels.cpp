@@ -37,6 +37,38 @@ inline void store2(BFloat16* p, Vec& a, Vec& b) {
   std::tie(a, b) = at::vec::convert_bfloat16_float(packed);
 }
 
+// bf16 I/O for purely elementwise loops (post_span): 16 values as two fp32 vectors, in an order
+// that only the matching store16 undoes. On AVX2 the order is the lanes' own ([0-3, 8-11] and
+// [4-7, 12-15]), so neither the widening (one unpack) nor the narrowing (one packus) needs a
+// cross-lane permute; rounding is round-to-nearest-even as c10::BFloat16, NaN stays NaN.
+#if defined(CPU_CAPABILITY_AVX2)
+inline void load16(const BFloat16* p, Vec& a, Vec& b) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = Vec(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v)));
+  b = Vec(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v)));
+}
+
+inline __m256i bf16_bits(__m256 f) {  // in the low half of each 32-bit lane
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+}
+
+// Rounds to bf16, stores, returns the rounded values.
+inline void store16(BFloat16* p, Vec& a, Vec& b) {
+  const __m256i lo = bf16_bits(a), hi = bf16_bits(b);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(lo, hi));
+  a = Vec(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
+  b = Vec(_mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
+}
+#else
+inline void load16(const BFloat16* p, Vec& a, Vec& b) { load2(p, a, b); }
+inline void store16(BFloat16* p, Vec& a, Vec& b) { store2(p, a, b); }
+#endif
+
 inline float hsum(const Vec& v) {
   float lanes[kV];
   v.store(lanes);
@@ -63,15 +95,15 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
     Vec xa, xb, ra[N], rb[N];
-    load2(x + h, xa, xb);
-    for (int i = 0; i < N; ++i) load2(res + i * H + h, ra[i], rb[i]);
+    load16(x + h, xa, xb);
+    for (int i = 0; i < N; ++i) load16(res + i * H + h, ra[i], rb[i]);
     for (int j = 0; j < N; ++j) {
       Vec oa = pv[j] * xa, ob = pv[j] * xb;
       for (int i = 0; i < N; ++i) {
         oa = at::vec::fmadd(cv[i][j], ra[i], oa);
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
-      store2(out + j * H + h, oa, ob);
+      store16(out + j * H + h, oa, ob);
       if (squares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
     }
   }
