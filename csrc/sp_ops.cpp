@@ -195,6 +195,10 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   MHC_SP_NVTX_RANGE("fused_head");
   GroupHandle g{};
   const c10::DeviceGuard guard(residual.device());
+  // Checked here so that errors name fused_head's own arguments (hc_head would say "fn").
+  check_projection(head_fn, "head_fn", head_scale, "head_scale", head_base, "head_base",
+                   check_stream(residual, "residual"), residual.size(1), "hc_mult rows for the head", 1,
+                   residual, "residual");
   const Tensor x = reduce_partial(partial, residual, group, sharded, num_tokens, g);
   Tensor residual_out = mhc_post(x, residual, post, comb);
   Tensor hidden = hc_head(residual_out, head_fn, head_scale, head_base, rms_eps, hc_eps);

@@ -235,6 +235,19 @@ def test_world_of_one_without_torch_distributed():
     with pytest.raises(ValueError, match=r"^num_tokens: expected a value in \[0, 5\]"):
         ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
                         None, group, True, 6)
+    with pytest.raises(TypeError, match="^x: expected dtype BFloat16"):
+        ops.fused_entry(i["x"].float(), i["fn"], i["scale"], i["base"], None, group, True)
+    with pytest.raises(ValueError, match=r"^fn: expected size 24 at dim 0"):
+        ops.fused_entry(i["x"], i["head_fn"], i["scale"], i["base"], None, group, True)
+    with pytest.raises(ValueError, match=r"^head_fn: expected size 4 at dim 0"):
+        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["head_scale"],
+                       i["head_base"], group, True, T)
+    with pytest.raises(ValueError, match=r"^head_scale: expected size 1"):
+        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["head_fn"], i["scale"],
+                       i["head_base"], group, True, T)
+    with pytest.raises(ValueError, match=r"^residual: expected 5 rows"):
+        ops.fused_head(i["x"], i["residual"][:4].contiguous(), i["post"][:4].contiguous(),
+                       i["comb"][:4].contiguous(), i["head_fn"], i["head_scale"], i["head_base"], group, False, T)
     msd.destroy()
     with pytest.raises(ValueError, match="not initialised with mhc_sp"):
         ops.all_reduce(x, group)
