@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "mhc_sp/kernels.h"
 #include "mhc_sp/coefficients.h"
@@ -21,26 +22,18 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
 constexpr int64_t kV2 = 2 * kV;       // one Vectorized<BFloat16> worth of elements
 constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn chunk
-constexpr int64_t kChunk = 256;       // hidden elements per projection chunk (scratch stays in L1)
+constexpr int64_t kChunk = 512;       // hidden elements per projection chunk (its fn rows stay in L1/L2)
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
 // mhc_post_pre's blocks are smaller: the block's input and output streams must both stay in L2
 // until its pre has read the output back.
 constexpr int64_t kPostPreBlock = 8;
 
-inline void load2(const BFloat16* p, Vec& a, Vec& b) { at::vec::load_to_float(p, a, b); }
-
-// Rounds to bf16 (round-to-nearest-even, as torch's .to(bfloat16)), stores, returns the rounded values.
-inline void store2(BFloat16* p, Vec& a, Vec& b) {
-  const auto packed = at::vec::convert_float_bfloat16(a, b);
-  packed.store(p);
-  std::tie(a, b) = at::vec::convert_bfloat16_float(packed);
-}
-
-// bf16 I/O for purely elementwise loops (post_span): 16 values as two fp32 vectors, in an order
-// that only the matching store16 undoes. On AVX2 the order is the lanes' own ([0-3, 8-11] and
-// [4-7, 12-15]), so neither the widening (one unpack) nor the narrowing (one packus) needs a
-// cross-lane permute; rounding is round-to-nearest-even as c10::BFloat16, NaN stays NaN.
+// bf16 I/O for elementwise loops: 16 values as two fp32 vectors, in an order that only the
+// matching store16 undoes (fp32 operands are loaded in the same order by load16). On AVX2 the
+// order is the lanes' own ([0-3, 8-11] and [4-7, 12-15]), so neither the widening (one unpack)
+// nor the narrowing (one packus) needs a cross-lane permute. Rounding is round-to-nearest-even,
+// as c10::BFloat16.
 #if defined(CPU_CAPABILITY_AVX2)
 inline void load16(const BFloat16* p, Vec& a, Vec& b) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -48,26 +41,55 @@ inline void load16(const BFloat16* p, Vec& a, Vec& b) {
   b = Vec(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v)));
 }
 
-inline __m256i bf16_bits(__m256 f) {  // in the low half of each 32-bit lane
+inline void load16(const float* p, Vec& a, Vec& b) {
+  a = Vec(_mm256_loadu2_m128(p + 8, p));
+  b = Vec(_mm256_loadu2_m128(p + 12, p + 4));
+}
+
+// bf16 bits in the low half of each 32-bit lane. Adding 0x7fff + odd can carry a NaN's payload
+// into its sign or turn it into inf only when the NaN has low bits set, so kAnyNaN selects the
+// canonical NaN explicitly; callers whose NaNs can only come from bf16 inputs (low half zero) or
+// from the FPU's default NaN skip that select.
+template <bool kAnyNaN>
+inline __m256i bf16_bits(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   const __m256i rounded =
       _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  if constexpr (!kAnyNaN) return rounded;
   const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
 }
 
 // Rounds to bf16, stores, returns the rounded values.
+template <bool kAnyNaN = true>
 inline void store16(BFloat16* p, Vec& a, Vec& b) {
-  const __m256i lo = bf16_bits(a), hi = bf16_bits(b);
+  const __m256i lo = bf16_bits<kAnyNaN>(a), hi = bf16_bits<kAnyNaN>(b);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(lo, hi));
   a = Vec(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)));
   b = Vec(_mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
 }
 #else
-inline void load16(const BFloat16* p, Vec& a, Vec& b) { load2(p, a, b); }
-inline void store16(BFloat16* p, Vec& a, Vec& b) { store2(p, a, b); }
+inline void load16(const BFloat16* p, Vec& a, Vec& b) { at::vec::load_to_float(p, a, b); }
+
+inline void load16(const float* p, Vec& a, Vec& b) {
+  a = Vec::loadu(p);
+  b = Vec::loadu(p + kV);
+}
+
+template <bool kAnyNaN = true>
+inline void store16(BFloat16* p, Vec& a, Vec& b) {
+  const auto packed = at::vec::convert_float_bfloat16(a, b);
+  packed.store(p);
+  std::tie(a, b) = at::vec::convert_bfloat16_float(packed);
+}
 #endif
+
+// A NaN coefficient with an arbitrary payload becomes the default NaN, which store16<false> rounds
+// correctly (see bf16_bits).
+inline Vec broadcast_coefficient(float v) {
+  return Vec(std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v);
+}
 
 inline float hsum(const Vec& v) {
   float lanes[kV];
@@ -82,15 +104,16 @@ inline float round_bf16(float v, BFloat16* dst) {
   return static_cast<float>(*dst);
 }
 
-// mhc_post for one token over hidden range [h0, h1). With `squares`, also returns the sum of
+// mhc_post for one token over hidden range [h0, h1). With kSquares, also returns the sum of
 // squares of the bf16-rounded outputs (what the following pre normalises by in mhc_post_pre).
-template <int N>
+template <int N, bool kSquares>
 float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
-                const float* comb, BFloat16* out, int64_t h0, int64_t h1, bool squares = false) {
+                const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
+  // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN select.
   Vec pv[N], cv[N][N];
-  for (int j = 0; j < N; ++j) pv[j] = Vec(post[j]);
+  for (int j = 0; j < N; ++j) pv[j] = broadcast_coefficient(post[j]);
   for (int i = 0; i < N; ++i)
-    for (int j = 0; j < N; ++j) cv[i][j] = Vec(comb[i * N + j]);
+    for (int j = 0; j < N; ++j) cv[i][j] = broadcast_coefficient(comb[i * N + j]);
   Vec sq(0.f);
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
@@ -103,8 +126,8 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
         oa = at::vec::fmadd(cv[i][j], ra[i], oa);
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
-      store16(out + j * H + h, oa, ob);
-      if (squares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
+      store16<false>(out + j * H + h, oa, ob);
+      if constexpr (kSquares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
     }
   }
   float sq_tail = 0.f;
@@ -117,7 +140,7 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
       sq_tail += r * r;
     }
   }
-  return squares ? hsum(sq) + sq_tail : 0.f;
+  return kSquares ? hsum(sq) + sq_tail : 0.f;
 }
 
 void mhc_post(const PostParams& p) {
@@ -129,7 +152,7 @@ void mhc_post(const PostParams& p) {
     at::parallel_for(0, p.T * spans, grain, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t t = w / spans, h0 = (w % spans) * kPostSpan;
-        post_span<N>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
+        post_span<N, false>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
                      p.comb + t * N * N, p.residual_out + t * N * p.H, h0,
                      std::min(p.H, h0 + kPostSpan));
       }
@@ -137,16 +160,36 @@ void mhc_post(const PostParams& p) {
   });
 }
 
-// acc[r][m] += xs[r][:kc] . f[m][:kc] for a TR x MR tile; xs rows kChunk apart, f rows fstride.
+// Eight bf16 values widened to fp32 in their own order (the projection's dot products need it).
+inline Vec widen8(const BFloat16* p) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+#else
+  float f[kV];
+  for (int64_t i = 0; i < kV; ++i) f[i] = static_cast<float>(p[i]);
+  return Vec::loadu(f);
+#endif
+}
+
+inline Vec widen_partial(const BFloat16* p, int count) {
+  float f[kV] = {};
+  for (int i = 0; i < count; ++i) f[i] = static_cast<float>(p[i]);
+  return Vec::loadu(f);
+}
+
+// acc[r][m] += X[r][:kc] . f[m][:kc] for a TR x MR tile. X rows are bf16, widened in registers,
+// so the stream is never staged as fp32; f rows are fstride apart.
 template <int TR, int MR>
-inline void dot_tile(const float* xs, const float* f, int64_t fstride, int64_t kc, Vec* acc) {
+inline void dot_tile(const BFloat16* const* xs, const float* f, int64_t fstride, int64_t kc,
+                     Vec* acc) {
   Vec a[TR][MR];
   for (int r = 0; r < TR; ++r)
     for (int m = 0; m < MR; ++m) a[r][m] = acc[r * kMaxRows + m];
   int64_t k = 0;
   for (; k + kV <= kc; k += kV) {
     Vec xv[TR];
-    for (int r = 0; r < TR; ++r) xv[r] = Vec::loadu(xs + r * kChunk + k);
+    for (int r = 0; r < TR; ++r) xv[r] = widen8(xs[r] + k);
     for (int m = 0; m < MR; ++m) {
       const Vec fv = Vec::loadu(f + m * fstride + k);
       for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
@@ -155,7 +198,7 @@ inline void dot_tile(const float* xs, const float* f, int64_t fstride, int64_t k
   if (k < kc) {
     const int rest = static_cast<int>(kc - k);
     Vec xv[TR];
-    for (int r = 0; r < TR; ++r) xv[r] = Vec::loadu(xs + r * kChunk + k, rest);
+    for (int r = 0; r < TR; ++r) xv[r] = widen_partial(xs[r] + k, rest);
     for (int m = 0; m < MR; ++m) {
       const Vec fv = Vec::loadu(f + m * fstride + k, rest);
       for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
@@ -165,8 +208,8 @@ inline void dot_tile(const float* xs, const float* f, int64_t fstride, int64_t k
     for (int m = 0; m < MR; ++m) acc[r * kMaxRows + m] = a[r][m];
 }
 
-// mix[r][m] = X[r, :] . fn[m, :] for a block of tokens, fed one fp32 chunk of X at a time. The
-// token block amortises each fn chunk over many tokens (fn is read once per block, from L2/L3).
+// mix[r][m] = X[r, :] . fn[m, :] for a block of tokens, fed one chunk of X at a time. The token
+// block amortises each fn chunk over many tokens (fn is read once per block, from L2/L3).
 struct Projection {
   const float* fn;
   int64_t rows, fstride;
@@ -178,8 +221,8 @@ struct Projection {
     for (int i = 0; i < tokens * kMaxRows; ++i) acc[i] = Vec(0.f);
   }
 
-  // xs: `tokens` rows of kc fp32 values, kChunk apart, holding X[:, k0:k0+kc].
-  void add(const float* xs, int64_t k0, int64_t kc) {
+  // xs[r]: token r's bf16 values X[r, k0 : k0 + kc].
+  void add(const BFloat16* const* xs, int64_t k0, int64_t kc) {
     const float* f = fn + k0;
     int64_t m = 0;
     for (; m + 6 <= rows; m += 6) tile<6>(xs, f + m * fstride, kc, m);
@@ -190,11 +233,10 @@ struct Projection {
   // 2 tokens x 6 rows = 12 independent accumulators: enough to hide FMA latency on two ports
   // while staying within 16 vector registers.
   template <int MR>
-  void tile(const float* xs, const float* f, int64_t kc, int64_t m) {
+  void tile(const BFloat16* const* xs, const float* f, int64_t kc, int64_t m) {
     int r = 0;
-    for (; r + 2 <= tokens; r += 2)
-      dot_tile<2, MR>(xs + r * kChunk, f, fstride, kc, acc + r * kMaxRows + m);
-    for (; r < tokens; ++r) dot_tile<1, MR>(xs + r * kChunk, f, fstride, kc, acc + r * kMaxRows + m);
+    for (; r + 2 <= tokens; r += 2) dot_tile<2, MR>(xs + r, f, fstride, kc, acc + r * kMaxRows + m);
+    for (; r < tokens; ++r) dot_tile<1, MR>(xs + r, f, fstride, kc, acc + r * kMaxRows + m);
   }
 
   float mix(int r, int64_t m) const { return hsum(acc[r * kMaxRows + m]); }
@@ -206,7 +248,7 @@ float row_squares(const BFloat16* row, int64_t len) {
   int64_t h = 0;
   for (; h + kV2 <= len; h += kV2) {
     Vec a, b;
-    load2(row + h, a, b);
+    load16(row + h, a, b);
     sq = at::vec::fmadd(a, a, at::vec::fmadd(b, b, sq));
   }
   float tail = 0.f;
@@ -225,11 +267,11 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
     Vec ya(0.f), yb(0.f);
     for (int64_t i = 0; i < n; ++i) {
       Vec a, b;
-      load2(streams[i] + h, a, b);
+      load16(streams[i] + h, a, b);
       ya = at::vec::fmadd(pv[i], a, ya);
       yb = at::vec::fmadd(pv[i], b, yb);
     }
-    store2(out + h, ya, yb);
+    store16(out + h, ya, yb);
     sq = at::vec::fmadd(ya, ya, at::vec::fmadd(yb, yb, sq));
   }
   float sq_tail = 0.f;
@@ -244,11 +286,12 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   const float inv = 1.0f / std::sqrt(total / static_cast<float>(H) + norm_eps);
   const Vec iv(inv);
   for (h = 0; h + kV2 <= H; h += kV2) {
-    Vec a, b;
-    load2(out + h, a, b);
-    a = a * iv * Vec::loadu(norm_weight + h);
-    b = b * iv * Vec::loadu(norm_weight + h + kV);
-    store2(out + h, a, b);
+    Vec a, b, wa, wb;
+    load16(out + h, a, b);
+    load16(norm_weight + h, wa, wb);
+    a = a * iv * wa;
+    b = b * iv * wb;
+    store16(out + h, a, b);
   }
   for (; h < H; ++h) round_bf16(static_cast<float>(out[h]) * inv * norm_weight[h], out + h);
 }
@@ -260,24 +303,12 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
 template <typename ProjRow, typename StreamRow>
 void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, const float* squares,
                ProjRow&& proj_row, StreamRow&& stream_row) {
-  float scratch[kTokenBlock * kChunk];
   Projection proj(p.fn, p.rows, proj_streams * p.H, tb);
+  const BFloat16* xs[kTokenBlock];
   for (int64_t i = 0; i < proj_streams; ++i) {
     for (int64_t h0 = 0; h0 < p.H; h0 += kChunk) {
-      const int64_t hc = std::min(kChunk, p.H - h0);
-      for (int r = 0; r < tb; ++r) {  // X[t0 + r, i*H + h0 : +hc] -> fp32 scratch row r
-        const BFloat16* src = proj_row(t0 + r, i) + h0;
-        float* dst = scratch + r * kChunk;
-        int64_t h = 0;
-        for (; h + kV2 <= hc; h += kV2) {
-          Vec a, b;
-          load2(src + h, a, b);
-          a.store(dst + h);
-          b.store(dst + h + kV);
-        }
-        for (; h < hc; ++h) dst[h] = static_cast<float>(src[h]);
-      }
-      proj.add(scratch, i * p.H + h0, hc);
+      for (int r = 0; r < tb; ++r) xs[r] = proj_row(t0 + r, i) + h0;
+      proj.add(xs, i * p.H + h0, std::min(kChunk, p.H - h0));
     }
   }
   const float count = static_cast<float>(proj_streams * p.H);
@@ -331,8 +362,8 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
       float squares[kTokenBlock];
       for (int r = 0; r < tb; ++r) {
         const int64_t t = t0 + r;
-        squares[r] = post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                                  q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H, true);
+        squares[r] = post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
+                                  q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H);
       }
       pre_block(p, t0, tb, N, squares, out_row, out_row);
     }, kPostPreBlock);
