@@ -119,3 +119,19 @@ def test_nan_propagates_like_reference():
         assert torch.isnan(got).any()
         assert torch.equal(torch.isnan(got), torch.isnan(expected)), name
         assert not torch.isinf(got).any(), name
+
+
+def test_nan_coefficients_with_any_payload_stay_nan():
+    # Payloads whose low bits would carry into the sign or exponent under the bf16 rounding add.
+    payloads = torch.tensor([0x7FFFFFFF, 0x7F800001, -1], dtype=torch.int32).view(torch.float32)
+    i = R.random_inputs(3, 4, 40, seed=5)
+    i["post"][0, 1] = payloads[0]
+    i["comb"][1, 2, 3] = payloads[1]
+    i["comb"][2, 0, 0] = payloads[2]
+    for name in ("mhc_post", "mhc_post_pre"):
+        got, expected = run_op(ops, name, i)[0], run_op(R, name, i)[0]
+        assert torch.isnan(got).any(), name
+        assert torch.equal(torch.isnan(got), torch.isnan(expected)), name
+        assert not torch.isinf(got).any(), name
+        finite = ~torch.isnan(expected)
+        torch.testing.assert_close(got[finite], expected[finite], **R.BF16_TOL)
