@@ -25,9 +25,6 @@ constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn 
 constexpr int64_t kChunk = 512;       // hidden elements per projection chunk (its fn rows stay in L1/L2)
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
-// mhc_post_pre's blocks are smaller: the block's input and output streams must both stay in L2
-// until its pre has read the output back.
-constexpr int64_t kPostPreBlock = 8;
 
 // bf16 I/O for elementwise loops: 16 values as two fp32 vectors, in an order that only the
 // matching store16 undoes (fp32 operands are loaded in the same order by load16). On AVX2 the
@@ -332,9 +329,9 @@ void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, con
 // Runs `block(t0, tb)` over blocks of at most kTokenBlock tokens, in parallel. Blocks shrink for
 // small T so that every thread gets work.
 template <typename Block>
-void for_token_blocks(int64_t T, Block&& block, int64_t max_tb = kTokenBlock) {
+void for_token_blocks(int64_t T, Block&& block) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, max_tb);
+  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, kTokenBlock);
   const int64_t blocks = (T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
@@ -366,7 +363,7 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
                                   q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H);
       }
       pre_block(p, t0, tb, N, squares, out_row, out_row);
-    }, kPostPreBlock);
+    });
   });
 }
 
