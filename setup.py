@@ -2,7 +2,8 @@
 
 Switches (environment):
   MHC_SP_CUDA=auto|0|1    compile the CUDA sources (auto: when torch has CUDA and nvcc is found)
-  TORCH_CUDA_ARCH_LIST     CUDA architectures, default "9.0a" (e.g. "9.0a;10.0a")
+  TORCH_CUDA_ARCH_LIST     CUDA architectures, default "9.0a;10.0a" (Hopper, Blackwell; "9.0a"
+                           alone when nvcc predates 12.8, which added sm_100a)
   CUDA_HOME                CUDA toolkit root (default /usr/local/cuda when it holds nvcc)
   MAX_JOBS                 parallel compile jobs
   MHC_SP_DEBUG=1           -O0 -g build
@@ -53,6 +54,13 @@ def _cuda_decision(torch):
         print("mhc_sp: building without CUDA: " + "; ".join(problems), file=sys.stderr)
         return None
     return nvcc
+
+
+def _default_arch_list(nvcc):
+    release = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True).stdout
+    version = release.split("release ")[-1].split(",")[0] if "release " in release else "0.0"
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return "9.0a;10.0a" if (major, minor) >= (12, 8) else "9.0a"
 
 
 def _cuda_architectures(arch_list):
@@ -110,7 +118,8 @@ class CMakeBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
 
         nvcc = _cuda_decision(torch)
-        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0a")
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or (
+            _default_arch_list(nvcc) if nvcc is not None else "")
         torch_lib = Path(torch.__file__).parent / "lib"
         args = [
             f"-DMHC_SP_OUTPUT={out_path}",

@@ -41,3 +41,14 @@ def test_torchrun_example_runs():
                          capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": OK") == 2
+
+
+def test_cuda_build_targets_hopper_and_blackwell():
+    import mhc_sp
+
+    info = mhc_sp.build_info()
+    if not info["cuda"]:
+        pytest.skip("built without CUDA")
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        pytest.skip("arch list chosen by TORCH_CUDA_ARCH_LIST")
+    assert info["cuda_arch_list"].split(";") == ["9.0a", "10.0a"]
