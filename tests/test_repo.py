@@ -52,3 +52,12 @@ def test_cuda_build_targets_hopper_and_blackwell():
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         pytest.skip("arch list chosen by TORCH_CUDA_ARCH_LIST")
     assert info["cuda_arch_list"].split(";") == ["9.0a", "10.0a"]
+
+
+def test_gpu_check_script_parses_and_fits_its_time_budget():
+    script = ROOT / "bench" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    limits = dict(re.findall(r"^(T_[A-Z]+)=\$\{T_[A-Z]+:-(\d+)\}", script.read_text(), re.M))
+    assert {"T_BUILD", "T_TESTS", "T_BENCH"} <= limits.keys()
+    assert sum(int(v) for v in limits.values()) < 8 * 60, limits
+    compile((ROOT / "bench" / "gpu_bench_ops.py").read_text(), "gpu_bench_ops.py", "exec")

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "mhc_sp/kernels.h"
 #include "mhc_sp/coefficients.h"
@@ -25,6 +26,8 @@ constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn 
 constexpr int64_t kChunk = 512;       // hidden elements per projection chunk (its fn rows stay in L1/L2)
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
+constexpr int64_t kSplitHiddenTokens = 4;  // up to this many tokens, threads split the hidden dim
+constexpr int64_t kSplitSpan = 1024;       // in spans of this many elements
 
 // bf16 I/O for elementwise loops: 16 values as two fp32 vectors, in an order that only the
 // matching store16 undoes (fp32 operands are loaded in the same order by load16). On AVX2 the
@@ -293,10 +296,28 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   for (; h < H; ++h) round_bf16(static_cast<float>(out[h]) * inv * norm_weight[h], out + h);
 }
 
-// The pre of tokens [t0, t0 + tb) whose stream rows are already in bf16 memory (and, having just
-// been read or written sequentially by the caller, in cache): the projection over
-// `proj_streams` rows of width H per token (`proj_row(t, i)`), then coefficients and collapse of
-// the n rows `stream_row(t, i)`. `squares[r]` is token r's sum of squares over its projected rows.
+// Token t's coefficients from its projected mix and sum of squares (over `count` values), then
+// the collapse of its n rows `stream_row(t, i)` into p.out.
+template <typename StreamRow>
+void finish_token(const PreParams& p, int64_t t, const float* mix, float squares, float count,
+                  StreamRow&& stream_row) {
+  float pre[kMaxHcMult];
+  const float inv_rms = 1.0f / std::sqrt(squares / count + p.s.rms_eps);
+  if (p.post) {
+    mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
+                     p.post + t * p.n, p.comb + t * p.n * p.n);
+  } else {
+    pre_weights(mix, inv_rms, p.scale[0], p.base, static_cast<int>(p.n), p.s.hc_pre_eps, pre);
+  }
+  const BFloat16* streams[kMaxHcMult];
+  for (int64_t i = 0; i < p.n; ++i) streams[i] = stream_row(t, i);
+  collapse(streams, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+}
+
+// The pre of tokens [t0, t0 + tb) whose projected rows are ready in bf16 memory (and, having just
+// been read or written sequentially by the caller, in cache): the projection over `proj_streams`
+// rows of width H per token (`proj_row(t, i)`), then finish_token. `squares[r]` is token r's sum
+// of squares over its projected rows.
 template <typename ProjRow, typename StreamRow>
 void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, const float* squares,
                ProjRow&& proj_row, StreamRow&& stream_row) {
@@ -308,35 +329,72 @@ void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, con
       proj.add(xs, i * p.H + h0, std::min(kChunk, p.H - h0));
     }
   }
-  const float count = static_cast<float>(proj_streams * p.H);
   for (int r = 0; r < tb; ++r) {
-    const int64_t t = t0 + r;
-    float mix[kMaxRows], pre[kMaxHcMult];
+    float mix[kMaxRows];
     for (int64_t m = 0; m < p.rows; ++m) mix[m] = proj.mix(r, m);
-    const float inv_rms = 1.0f / std::sqrt(squares[r] / count + p.s.rms_eps);
-    if (p.post) {
-      mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
-                       p.post + t * p.n, p.comb + t * p.n * p.n);
-    } else {
-      pre_weights(mix, inv_rms, p.scale[0], p.base, static_cast<int>(p.n), p.s.hc_pre_eps, pre);
-    }
-    const BFloat16* streams[kMaxHcMult];
-    for (int64_t i = 0; i < p.n; ++i) streams[i] = stream_row(t, i);
-    collapse(streams, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+    finish_token(p, t0 + r, mix, squares[r], static_cast<float>(proj_streams * p.H), stream_row);
   }
 }
 
-// Runs `block(t0, tb)` over blocks of at most kTokenBlock tokens, in parallel. Blocks shrink for
-// small T so that every thread gets work.
-template <typename Block>
-void for_token_blocks(int64_t T, Block&& block) {
+// Decode-size calls have too few tokens to give every thread a block, so the hidden dimension is
+// split instead: work item c makes hidden span c of every token ready (`produce`) and projects it
+// into partial sums, which are then added in span order. Neither the spans nor that order depend
+// on the thread count, and so neither does the result.
+template <typename Produce, typename ProjRow, typename StreamRow>
+void pre_split_hidden(const PreParams& p, int64_t proj_streams, Produce&& produce,
+                      ProjRow&& proj_row, StreamRow&& stream_row) {
+  const int tb = static_cast<int>(p.T);
+  const int64_t spans = (p.H + kSplitSpan - 1) / kSplitSpan;
+  const int64_t stride = tb * (kMaxRows + 1);  // per span: each token's mix, then its squares
+  std::vector<float> partial(spans * stride);
+  at::parallel_for(0, spans, 1, [&](int64_t begin, int64_t end) {
+    const BFloat16* xs[kTokenBlock];
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t h0 = c * kSplitSpan, h1 = std::min(p.H, h0 + kSplitSpan);
+      float* out = partial.data() + c * stride;
+      for (int r = 0; r < tb; ++r) out[tb * kMaxRows + r] = produce(r, h0, h1);
+      Projection proj(p.fn, p.rows, proj_streams * p.H, tb);
+      for (int64_t i = 0; i < proj_streams; ++i) {  // fn read forward, row by row, as in pre_block
+        for (int64_t k0 = h0; k0 < h1; k0 += kChunk) {
+          for (int r = 0; r < tb; ++r) xs[r] = proj_row(r, i) + k0;
+          proj.add(xs, i * p.H + k0, std::min(kChunk, h1 - k0));
+        }
+      }
+      for (int r = 0; r < tb; ++r)
+        for (int64_t m = 0; m < p.rows; ++m) out[r * kMaxRows + m] = proj.mix(r, m);
+    }
+  });
+  for (int r = 0; r < tb; ++r) {
+    float mix[kMaxRows] = {}, squares = 0.f;
+    for (int64_t c = 0; c < spans; ++c) {
+      const float* part = partial.data() + c * stride;
+      for (int64_t m = 0; m < p.rows; ++m) mix[m] += part[r * kMaxRows + m];
+      squares += part[tb * kMaxRows + r];
+    }
+    finish_token(p, r, mix, squares, static_cast<float>(proj_streams * p.H), stream_row);
+  }
+}
+
+// The pre of every token: `produce(t, h0, h1)` makes token t's projected rows ready over hidden
+// range [h0, h1) and returns their sum of squares. Blocks of tokens run in parallel; below
+// kSplitHiddenTokens tokens the hidden dimension is split instead.
+template <typename Produce, typename ProjRow, typename StreamRow>
+void pre_tokens(const PreParams& p, int64_t proj_streams, Produce&& produce, ProjRow&& proj_row,
+                StreamRow&& stream_row) {
+  if (p.T <= kSplitHiddenTokens) {
+    pre_split_hidden(p, proj_streams, produce, proj_row, stream_row);
+    return;
+  }
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t tb = std::clamp<int64_t>((T + threads - 1) / threads, 1, kTokenBlock);
-  const int64_t blocks = (T + tb - 1) / tb;
+  const int64_t tb = std::clamp<int64_t>((p.T + threads - 1) / threads, 1, kTokenBlock);
+  const int64_t blocks = (p.T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t t0 = b * tb;
-      block(t0, static_cast<int>(std::min<int64_t>(tb, T - t0)));
+      const int n = static_cast<int>(std::min<int64_t>(tb, p.T - t0));
+      float squares[kTokenBlock];
+      for (int r = 0; r < n; ++r) squares[r] = produce(t0 + r, 0, p.H);
+      pre_block(p, t0, n, proj_streams, squares, proj_row, stream_row);
     }
   });
 }
@@ -344,40 +402,34 @@ void for_token_blocks(int64_t T, Block&& block) {
 // mhc_pre and hc_head: project and collapse the input stream itself.
 void pre_from_stream(const BFloat16* residual, const PreParams& p) {
   auto row = [&](int64_t t, int64_t i) { return residual + (t * p.n + i) * p.H; };
-  for_token_blocks(p.T, [&](int64_t t0, int tb) {
-    float squares[kTokenBlock];  // one sequential sweep also pulls the block into cache
-    for (int r = 0; r < tb; ++r) squares[r] = row_squares(row(t0 + r, 0), p.n * p.H);
-    pre_block(p, t0, tb, p.n, squares, row, row);
-  });
+  auto squares = [&](int64_t t, int64_t h0, int64_t h1) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < p.n; ++i) sum += row_squares(row(t, i) + h0, h1 - h0);
+    return sum;
+  };
+  pre_tokens(p, p.n, squares, row, row);
 }
 
 void mhc_post_pre(const PostParams& q, const PreParams& p) {
   dispatch_hc_mult(p.n, [&](auto n_const) {
     constexpr int N = decltype(n_const)::value;
     auto out_row = [&](int64_t t, int64_t i) { return q.residual_out + (t * N + i) * p.H; };
-    for_token_blocks(p.T, [&](int64_t t0, int tb) {
-      float squares[kTokenBlock];
-      for (int r = 0; r < tb; ++r) {
-        const int64_t t = t0 + r;
-        squares[r] = post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                                  q.comb + t * N * N, q.residual_out + t * N * p.H, 0, p.H);
-      }
-      pre_block(p, t0, tb, N, squares, out_row, out_row);
-    });
+    auto post = [&](int64_t t, int64_t h0, int64_t h1) {
+      return post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
+                                q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h1);
+    };
+    pre_tokens(p, N, post, out_row, out_row);
   });
 }
 
 void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p) {
   auto x_row = [&](int64_t t, int64_t) { return x + t * p.H; };
-  for_token_blocks(p.T, [&](int64_t t0, int tb) {
-    float squares[kTokenBlock];
-    for (int r = 0; r < tb; ++r) {
-      const int64_t t = t0 + r;
-      for (int64_t i = 0; i < p.n; ++i) std::copy_n(x + t * p.H, p.H, residual_out + (t * p.n + i) * p.H);
-      squares[r] = row_squares(x + t * p.H, p.H);
-    }
-    pre_block(p, t0, tb, 1, squares, x_row, x_row);
-  });
+  auto broadcast = [&](int64_t t, int64_t h0, int64_t h1) {
+    for (int64_t i = 0; i < p.n; ++i)
+      std::copy(x_row(t, i) + h0, x_row(t, i) + h1, residual_out + (t * p.n + i) * p.H + h0);
+    return row_squares(x_row(t, 0) + h0, h1 - h0);
+  };
+  pre_tokens(p, 1, broadcast, x_row, x_row);
 }
 
 const KernelTable table{
