@@ -52,6 +52,13 @@ def test_large_T(name):
     check_against_reference(name, inputs(70001, 2, 16, seed=1))
 
 
+@pytest.mark.parametrize("name", ["mhc_pre", "mhc_post_pre"])
+def test_long_projection_per_block(name):
+    """Enough 64-token tiles (T >= ~16.8k on 132 SMs) that each block projects the whole n*H = 16384
+    values alone: the tensor-core accumulation must not drift over that long a chain."""
+    check_against_reference(name, inputs(17000, 4, 4096, seed=9))
+
+
 @pytest.mark.parametrize("name", MATH_OPS)
 def test_misaligned_pointers_use_scalar_path(name):
     """H % 8 == 0 but the bf16 tensors start 2 bytes past a 16-byte boundary."""

@@ -12,7 +12,7 @@ from .. import reference as R
 from ..config import MhcConfig
 from . import report
 from ..profiling import phase, profiled
-from .timing import copy_bandwidth, time_calls
+from .timing import copy_call, time_calls
 
 OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "mhc_pre_broadcast", "hc_head")
 
@@ -130,12 +130,11 @@ def measure(args, names, baselines, cfg, device) -> list[dict]:
     for H, T in report.progress(shapes, "ops"):
         i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
         small = T <= 16 and device.type == "cuda"
-        copy_bw = copy_bandwidth(bytes_moved("mhc_post", T, args.hc_mult, H), device,
-                                 args.warmup, args.repeats)
         X = i["residual"].float().reshape(T, args.hc_mult * H)
         for name in names:
             fused, reference = op_calls(name, i, cfg)
-            fns = {"op": fused}
+            nbytes = bytes_moved(name, T, args.hc_mult, H)
+            fns = {"op": fused, "copy": copy_call(nbytes, device)}
             if name == "mhc_post_pre":  # the same work as two ops
                 post_args = (i["x"], i["residual"], i["post"], i["comb"])
                 fns["separate"] = lambda: ops.mhc_pre(ops.mhc_post(*post_args), i["fn"], i["scale"],
@@ -149,11 +148,10 @@ def measure(args, names, baselines, cfg, device) -> list[dict]:
                 fns["compile"] = torch.compile(reference, dynamic=False)
             with phase(f"{name} T={T} H={H}"):
                 t = time_calls(fns, device, args.warmup, args.repeats, cuda_graph=small)
-            op = t["op"]
-            nbytes = bytes_moved(name, T, args.hc_mult, H)
+            op, copy = t["op"], t["copy"]
             row = {"op": name, "tokens": T, "hidden": H, "median_us": op.median * 1e6,
                    "p10_us": op.p10 * 1e6, "p90_us": op.p90 * 1e6, "GB/s": nbytes / op.median / 1e9,
-                   "copy_GB/s": copy_bw / 1e9, "%copy": 100 * nbytes / op.median / copy_bw}
+                   "copy_GB/s": nbytes / copy.median / 1e9, "%copy": 100 * copy.median / op.median}
             if "gemm" in t:
                 row["x_gemm"] = op.median / t["gemm"].median
             for base in ("separate", "eager", "compile"):

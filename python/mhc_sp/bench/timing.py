@@ -67,13 +67,12 @@ def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 3, r
     return _summarise([start.elapsed_time(end) / 1e3 for start, end in events])
 
 
-def copy_bandwidth(nbytes: int, device: torch.device, warmup: int = 3, repeats: int = 20) -> float:
-    """Bytes moved per second (read + write) by an out-of-place copy of ``nbytes / 2`` bytes: a
-    fresh output like the ops allocate, the same bytes moved as an op that reads and writes
-    ``nbytes`` in total."""
+def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
+    """An out-of-place copy of ``nbytes / 2`` bytes into a fresh output, like the ops allocate: the
+    same bytes moved (read + write) as an op that reads and writes ``nbytes`` in total. Timed
+    beside the op (``time_calls``), it sees the same cache and machine state as the op."""
     src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device=device)
-    t = time_call(lambda: torch.empty_like(src).copy_(src), device, warmup, repeats)
-    return 2 * src.numel() / t.median
+    return lambda: torch.empty_like(src).copy_(src)
 
 
 def time_across_ranks(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:

@@ -252,6 +252,12 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
     __syncthreads();  // previous chunk's MMAs are done reading Xs
     stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s);
     __syncthreads();
+    // The tensor cores' fp32 accumulation is not IEEE-rounded (it truncates): keep its chains one
+    // chunk long and add the chunks with ordinary fp32 adds, so long H-slices (large T, one split)
+    // do not drift.
+    float cacc[S::NT8][4];
+#pragma unroll
+    for (int nt = 0; nt < S::NT8; ++nt) cacc[nt][0] = cacc[nt][1] = cacc[nt][2] = cacc[nt][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < S::KC / 16; ++ks) {
       uint32_t A[4];
@@ -287,10 +293,14 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
         uint32_t hi0, lo0, hi1, lo1;
         split_bf16x2(f0, f1, hi0, lo0);
         split_bf16x2(f8, f9, hi1, lo1);
-        mma_bf16_m16n8k16(acc[nt], A, hi0, hi1);
-        mma_bf16_m16n8k16(acc[nt], A, lo0, lo1);
+        mma_bf16_m16n8k16(cacc[nt], A, hi0, hi1);
+        mma_bf16_m16n8k16(cacc[nt], A, lo0, lo1);
       }
     }
+#pragma unroll
+    for (int nt = 0; nt < S::NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] += cacc[nt][e];
   }
 
   // The 4 lanes of a group share rows g and g + 8: combine their squares.
@@ -322,7 +332,11 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
   // counter increment per block; the block that completes the tile runs its finish.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(a.counters + tile, 1) == a.splits - 1;
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(a.counters + tile, 1);
+    __threadfence();  // orders this block's later reads of the other blocks' partials
+    is_last = done == a.splits - 1;
+  }
   __syncthreads();
   if (!is_last) return;
   __threadfence();
