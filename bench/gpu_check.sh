@@ -9,6 +9,11 @@
 # benchmark, and leaves under $OUT (default bench/out): gpu_check.log (everything), summary.json
 # (one entry per step: status, seconds, exit code), bench.json, and the junit XML of the tests.
 # Every step has its own timeout; the defaults add up to less than 8 minutes.
+#
+# Only the repository travels to a lent machine, so the golden data beside a development checkout
+# (../shared/golden) must come along in the ignored folder .golden/: before the call,
+#   mkdir -p .golden && cp ../shared/golden/mhc_v4_golden.pt .golden/
+# and name ".golden" in the device tool's carry list.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,7 +22,7 @@ OUT=${OUT:-$ROOT/bench/out}
 mkdir -p "$OUT"
 LOG=$OUT/gpu_check.log
 SUMMARY=$OUT/summary.json
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 : >"$LOG"
 
 # Per-step limits in seconds (override from the environment).
@@ -37,7 +42,8 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 # The golden data lives beside the repository in development checkouts; use it when present.
 if [[ -z "${MHC_SP_GOLDEN:-}" ]]; then
-  for g in "$ROOT/../shared/golden/mhc_v4_golden.pt" "$ROOT/shared/golden/mhc_v4_golden.pt"; do
+  for g in "$ROOT/../shared/golden/mhc_v4_golden.pt" "$ROOT/shared/golden/mhc_v4_golden.pt" \
+    "$ROOT/.golden/mhc_v4_golden.pt"; do
     [[ -f $g ]] && export MHC_SP_GOLDEN=$g && break
   done
 fi
