@@ -63,14 +63,14 @@ def _default_arch_list(nvcc):
     return "9.0a;10.0a" if (major, minor) >= (12, 8) else "9.0a"
 
 
+def _arch_items(arch_list):
+    # TORCH_CUDA_ARCH_LIST separates with ";", "," or spaces.
+    return [item.strip() for item in arch_list.replace(",", ";").replace(" ", ";").split(";") if item.strip()]
+
+
 def _cuda_architectures(arch_list):
     # "9.0a;10.0a" -> "90a;100a" (CMake CUDA_ARCHITECTURES syntax)
-    archs = []
-    for item in arch_list.replace(",", ";").replace(" ", ";").split(";"):
-        item = item.strip().replace("+PTX", "")
-        if item:
-            archs.append(item.replace(".", ""))
-    return ";".join(archs)
+    return ";".join(item.replace("+PTX", "").replace(".", "") for item in _arch_items(arch_list))
 
 
 def _nccl_dirs():
@@ -141,7 +141,8 @@ class CMakeBuild(build_ext):
                 f"-DCMAKE_CUDA_COMPILER={nvcc}",
                 f"-DCUDAToolkit_ROOT={cuda_home}",
                 f"-DMHC_SP_CUDA_ARCHS={_cuda_architectures(arch_list)}",
-                f"-DMHC_SP_CUDA_ARCH_LIST={arch_list}",
+                # Comma-joined: a ";" would split the C++ definition it becomes (build_info()).
+                f"-DMHC_SP_CUDA_ARCH_LIST={','.join(_arch_items(arch_list))}",
             ]
             nccl = _nccl_dirs()
             if nccl is None:
