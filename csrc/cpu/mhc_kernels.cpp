@@ -178,6 +178,19 @@ inline Vec widen_partial(const BFloat16* p, int count) {
   return Vec::loadu(f);
 }
 
+// p[0 .. kV) in a register of its own. Without the empty asm, GCC folds the load into every FMA
+// that reads it, loading each fn vector once per token: the tile then needs more loads per cycle
+// than the core has ports for.
+inline Vec load_once(const float* p) {
+  Vec v = Vec::loadu(p);
+#if defined(CPU_CAPABILITY_AVX2) && defined(__GNUC__)
+  __m256 r = v;
+  __asm__("" : "+x"(r));
+  v = Vec(r);
+#endif
+  return v;
+}
+
 // acc[r][m] += X[r][:kc] . f[m][:kc] for a TR x MR tile. X rows are bf16, widened in registers,
 // so the stream is never staged as fp32; f rows are fstride apart.
 template <int TR, int MR>
@@ -191,7 +204,7 @@ inline void dot_tile(const BFloat16* const* xs, const float* f, int64_t fstride,
     Vec xv[TR];
     for (int r = 0; r < TR; ++r) xv[r] = widen8(xs[r] + k);
     for (int m = 0; m < MR; ++m) {
-      const Vec fv = Vec::loadu(f + m * fstride + k);
+      const Vec fv = load_once(f + m * fstride + k);
       for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
     }
   }
