@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=.venv/bin/mhc-sp-bench
+# Freed blocks stay in glibc's heap instead of being unmapped: otherwise every large output (the
+# ops' and the references' alike) page-faults and is zeroed again on each call, and how often
+# depends on the allocation history (README: "Large outputs and glibc").
+export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
 mkdir -p bench/results
 # Math ops at decode and prefill sizes, against one fp32 GEMM, the eager and the compiled reference.
-$BENCH ops --device cpu --tokens 1,16,256 --hidden 4096 --gemm --repeats 30 \
+$BENCH ops --device cpu --tokens 1,16,256 --hidden 4096 --gemm --repeats 60 \
   --json bench/results/cpu_ops.json
 # One SP boundary on a 2-rank gloo world: fused vs replicated vs separate ops.
-$BENCH layer --device cpu --tp 2 --tokens 16,256,4096 --hidden 4096 --repeats 10 \
+$BENCH layer --device cpu --tp 2 --tokens 16,256,4096 --hidden 4096 --repeats 20 \
   --json bench/results/cpu_layer.json

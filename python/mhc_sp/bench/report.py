@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import platform
 import shlex
 import sys
@@ -21,6 +22,9 @@ def environment(device: torch.device) -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(),
            "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
            "device": str(device)}
+    # Allocator and threading settings change CPU timings (README: "Large outputs and glibc").
+    env.update({k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD", "OMP_NUM_THREADS")
+                if k in os.environ})
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     import mhc_sp
