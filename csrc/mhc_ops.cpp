@@ -2,7 +2,6 @@
 // tensors' device. One implementation serves the CPU and the CUDA dispatch keys.
 
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
 #include "mhc_sp/checks.h"
 #include "mhc_sp/kernels.h"
@@ -169,23 +168,5 @@ Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& hc_scale,
   }
   return out.layer_input;
 }
-
-namespace {
-
-// One implementation serves both dispatch keys (it runs the kernels of the tensors' device).
-void register_impls(torch::Library& m) {
-  m.impl("mhc_pre", &mhc_pre);
-  m.impl("mhc_post", &mhc_post);
-  m.impl("mhc_post_pre", &mhc_post_pre);
-  m.impl("mhc_pre_broadcast", &mhc_pre_broadcast);
-  m.impl("hc_head", &hc_head);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
-#if defined(MHC_SP_WITH_CUDA)
-TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
-#endif
 
 }  // namespace mhc_sp

@@ -13,6 +13,7 @@
 
 #include "mhc_sp/comm.h"
 #include "mhc_sp/kernels.h"
+#include "mhc_sp/ops.h"
 
 #define MHC_SP_SCALARS                                                                     \
   "float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, float hc_post_mult, int sinkhorn_iters, " \
@@ -44,6 +45,31 @@ TORCH_LIBRARY(mhc_sp, m) {
         "Tensor head_scale, Tensor head_base, str group, bool sharded, int num_tokens, float rms_eps, "
         "float hc_eps) -> (Tensor hidden, Tensor residual_out)");
 }
+
+namespace {
+
+// One implementation per op serves both dispatch keys: it runs the kernels of the tensors' device.
+void register_impls(torch::Library& m) {
+  m.impl("mhc_pre", &mhc_sp::mhc_pre);
+  m.impl("mhc_post", &mhc_sp::mhc_post);
+  m.impl("mhc_post_pre", &mhc_sp::mhc_post_pre);
+  m.impl("mhc_pre_broadcast", &mhc_sp::mhc_pre_broadcast);
+  m.impl("hc_head", &mhc_sp::hc_head);
+  m.impl("shard_tokens", &mhc_sp::shard_tokens);
+  m.impl("all_gather", &mhc_sp::all_gather);
+  m.impl("reduce_scatter", &mhc_sp::reduce_scatter);
+  m.impl("all_reduce", &mhc_sp::all_reduce);
+  m.impl("fused_entry", &mhc_sp::fused_entry);
+  m.impl("fused_layer", &mhc_sp::fused_layer);
+  m.impl("fused_head", &mhc_sp::fused_head);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
+#if defined(MHC_SP_WITH_CUDA)
+TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
+#endif
 
 namespace {
 

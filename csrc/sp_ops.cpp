@@ -4,7 +4,6 @@
 // synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
-#include <torch/library.h>
 
 #include "mhc_sp/checks.h"
 #include "mhc_sp/comm.h"
@@ -101,6 +100,17 @@ Tensor reduce_partial(const Tensor& partial, const Tensor& residual, const std::
                  : all_reduce_rows(partial, num_tokens, g_out);
 }
 
+// reduce_scatter / all_reduce over all rows of x. A world of one returns a copy: the ops never
+// alias their input.
+Tensor summing_collective(const Tensor& x, const std::string& group,
+                          Tensor (*rows_op)(const Tensor&, int64_t, const GroupHandle&)) {
+  check_rows_tensor(x, "x");
+  const GroupHandle g = group_for(group, x, "x");
+  const c10::DeviceGuard guard(x.device());
+  Tensor out = rows_op(x, x.size(0), g);
+  return g.world == 1 ? out.clone() : out;
+}
+
 }  // namespace
 
 Tensor shard_tokens(const Tensor& x, int64_t rank, int64_t world_size) {
@@ -135,20 +145,12 @@ Tensor all_gather(const Tensor& x, const std::string& group, int64_t num_tokens)
 
 Tensor reduce_scatter(const Tensor& x, const std::string& group) {
   MHC_SP_NVTX_RANGE("reduce_scatter");
-  check_rows_tensor(x, "x");
-  const GroupHandle g = group_for(group, x, "x");
-  const c10::DeviceGuard guard(x.device());
-  Tensor out = reduce_scatter_rows(x, x.size(0), g);
-  return g.world == 1 ? out.clone() : out;
+  return summing_collective(x, group, reduce_scatter_rows);
 }
 
 Tensor all_reduce(const Tensor& x, const std::string& group) {
   MHC_SP_NVTX_RANGE("all_reduce");
-  check_rows_tensor(x, "x");
-  const GroupHandle g = group_for(group, x, "x");
-  const c10::DeviceGuard guard(x.device());
-  Tensor out = all_reduce_rows(x, x.size(0), g);
-  return g.world == 1 ? out.clone() : out;
+  return summing_collective(x, group, all_reduce_rows);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
@@ -205,25 +207,5 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   if (sharded && g.world > 1) hidden = all_gather_rows(hidden, num_tokens, g).contiguous();
   return {hidden, residual_out};
 }
-
-namespace {
-
-// One implementation serves both dispatch keys (it runs the kernels of the tensors' device).
-void register_impls(torch::Library& m) {
-  m.impl("shard_tokens", &shard_tokens);
-  m.impl("all_gather", &all_gather);
-  m.impl("reduce_scatter", &reduce_scatter);
-  m.impl("all_reduce", &all_reduce);
-  m.impl("fused_entry", &fused_entry);
-  m.impl("fused_layer", &fused_layer);
-  m.impl("fused_head", &fused_head);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
-#if defined(MHC_SP_WITH_CUDA)
-TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
-#endif
 
 }  // namespace mhc_sp

@@ -1,10 +1,12 @@
 #pragma once
-// The mHC math ops (DESIGN §1/§2) as C++ functions, device-generic: they validate, allocate and
-// run the kernel table of the tensors' device. The fused SP ops call them on token shards.
+// Every op of DESIGN §2 as a C++ function, device-generic. The math ops (csrc/mhc_ops.cpp)
+// validate, allocate and run the kernel table of the tensors' device; the collectives and fused
+// SP ops (csrc/sp_ops.cpp) call them on token shards. registration.cpp registers them all.
 
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace mhc_sp {
@@ -34,5 +36,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_pre_broadcast(
 
 Tensor hc_head(const Tensor& residual, const Tensor& fn, const Tensor& hc_scale,
                const Tensor& hc_base, double rms_eps, double hc_eps);
+
+Tensor shard_tokens(const Tensor& x, int64_t rank, int64_t world_size);
+Tensor all_gather(const Tensor& x, const std::string& group, int64_t num_tokens);
+Tensor reduce_scatter(const Tensor& x, const std::string& group);
+Tensor all_reduce(const Tensor& x, const std::string& group);
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
+    const Tensor& x, const Tensor& fn, const Tensor& hc_scale, const Tensor& hc_base,
+    const OptTensor& norm_weight, const std::string& group, bool sharded, double rms_eps,
+    double hc_pre_eps, double hc_sinkhorn_eps, double hc_post_mult, int64_t sinkhorn_iters,
+    double norm_eps);
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
+    const Tensor& partial, const Tensor& residual, const Tensor& post, const Tensor& comb,
+    const Tensor& fn, const Tensor& hc_scale, const Tensor& hc_base, const OptTensor& norm_weight,
+    const std::string& group, bool sharded, int64_t num_tokens, double rms_eps, double hc_pre_eps,
+    double hc_sinkhorn_eps, double hc_post_mult, int64_t sinkhorn_iters, double norm_eps);
+
+std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& residual,
+                                      const Tensor& post, const Tensor& comb, const Tensor& head_fn,
+                                      const Tensor& head_scale, const Tensor& head_base,
+                                      const std::string& group, bool sharded, int64_t num_tokens,
+                                      double rms_eps, double hc_eps);
 
 }  // namespace mhc_sp

@@ -30,42 +30,42 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class ColumnParallelLinear(nn.Module):
-    """``y = x W^T`` with W's output features split over the TP group: each rank returns its
-    ``out_features / tp`` columns of y. Input: the full ``(T, in_features)``."""
+class _Linear(nn.Module):
+    """``y = x W^T`` with bf16 W ``(out_features, in_features)`` split over the TP group along
+    :attr:`split_dim` (None: replicated)."""
+
+    split_dim: int | None
 
     def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
         super().__init__()
-        self.weight = make_param((out_features, in_features), 0, tp, torch.bfloat16, "linear", device)
+        self.weight = make_param((out_features, in_features), self.split_dim, tp, torch.bfloat16,
+                                 "linear", device)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight)
 
 
-class RowParallelLinear(nn.Module):
-    """``y = x W^T`` with W's input features split over the TP group. Input: this rank's
-    ``in_features / tp`` columns of x. Returns this rank's **un-reduced partial** ``(T, out)``
-    bf16: the sum over ranks is y. The reduction is left to the fused boundary op (all-reduce, or
-    reduce-scatter under SP), which is the whole point of mhc_sp."""
+class ColumnParallelLinear(_Linear):
+    """W's output features split over the TP group: each rank returns its ``out_features / tp``
+    columns of y. Input: the full ``(T, in_features)``."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
-        super().__init__()
-        self.weight = make_param((out_features, in_features), 1, tp, torch.bfloat16, "linear", device)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
+    split_dim = 0
 
 
-class ReplicatedLinear(nn.Module):
-    """``y = x W^T`` with the whole W on every rank (used on token shards, where each rank applies
-    it to its own rows)."""
+class RowParallelLinear(_Linear):
+    """W's input features split over the TP group. Input: this rank's ``in_features / tp`` columns
+    of x. Returns this rank's **un-reduced partial** ``(T, out)`` bf16: the sum over ranks is y.
+    The reduction is left to the fused boundary op (all-reduce, or reduce-scatter under SP), which
+    is the whole point of mhc_sp."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
-        super().__init__()
-        self.weight = make_param((out_features, in_features), None, tp, torch.bfloat16, "linear", device)
+    split_dim = 1
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
+
+class ReplicatedLinear(_Linear):
+    """The whole W on every rank (used on token shards, where each rank applies it to its own
+    rows)."""
+
+    split_dim = None
 
 
 class VocabParallelEmbedding(nn.Module):
