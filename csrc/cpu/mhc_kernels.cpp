@@ -143,6 +143,33 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
   return kSquares ? hsum(sq) + sq_tail : 0.f;
 }
 
+// Row t of x over [h0, h1): p.x's own, or the rank-order fp32 sum of p.x_parts rounded once to
+// bf16 (see PostParams), made in a per-thread row that stays in cache.
+const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
+  if (p.x_parts_count == 0) return p.x + t * p.H;
+  thread_local std::vector<BFloat16> row;
+  if (static_cast<int64_t>(row.size()) < p.H) row.resize(p.H);
+  const int64_t off = t * p.H;
+  int64_t h = h0;
+  for (; h + kV2 <= h1; h += kV2) {
+    Vec a, b;
+    load16(p.x_parts[0] + off + h, a, b);
+    for (int64_t r = 1; r < p.x_parts_count; ++r) {
+      Vec c, d;
+      load16(p.x_parts[r] + off + h, c, d);
+      a = a + c;
+      b = b + d;
+    }
+    store16(row.data() + h, a, b);
+  }
+  for (; h < h1; ++h) {
+    float v = static_cast<float>(p.x_parts[0][off + h]);
+    for (int64_t r = 1; r < p.x_parts_count; ++r) v += static_cast<float>(p.x_parts[r][off + h]);
+    row[h] = BFloat16(v);
+  }
+  return row.data();
+}
+
 void mhc_post(const PostParams& p) {
   const int64_t spans = (p.H + kPostSpan - 1) / kPostSpan;
   // Keep tiny (decode) calls on one thread: waking the pool costs more than the work.
@@ -152,9 +179,9 @@ void mhc_post(const PostParams& p) {
     at::parallel_for(0, p.T * spans, grain, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t t = w / spans, h0 = (w % spans) * kPostSpan;
-        post_span<N, false>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
-                     p.comb + t * N * N, p.residual_out + t * N * p.H, h0,
-                     std::min(p.H, h0 + kPostSpan));
+        const int64_t h1 = std::min(p.H, h0 + kPostSpan);
+        post_span<N, false>(post_x(p, t, h0, h1), p.residual + t * N * p.H, p.H, p.post + t * N,
+                     p.comb + t * N * N, p.residual_out + t * N * p.H, h0, h1);
       }
     });
   });
@@ -428,7 +455,7 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
     constexpr int N = decltype(n_const)::value;
     auto out_row = [&](int64_t t, int64_t i) { return q.residual_out + (t * N + i) * p.H; };
     auto post = [&](int64_t t, int64_t h0, int64_t h1) {
-      return post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
+      return post_span<N, true>(post_x(q, t, h0, h1), q.residual + t * N * p.H, p.H, q.post + t * N,
                                 q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h1);
     };
     pre_tokens(p, N, post, out_row, out_row);

@@ -39,6 +39,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int64_t device) : comm_(comm), device_(device) {}
   ~NcclCommunicator() override { ncclCommDestroy(comm_); }
 
+  const char* transport() const override { return "nccl"; }
+
   void all_gather(Tensor& out, const Tensor& in) override {
     MHC_SP_NCCL_CHECK(ncclAllGather(in.const_data_ptr(), out.data_ptr(), in.numel(), nccl_dtype(in),
                                     comm_, stream()));
@@ -77,7 +79,8 @@ void init_nccl_communicator(const std::string& name, const std::string& unique_i
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm;
   MHC_SP_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(g.world), id, static_cast<int>(g.rank)));
-  attach_cuda_communicator(name, device, std::make_unique<NcclCommunicator>(comm, device));
+  attach_communicator(name, c10::DeviceType::CUDA, device,
+                      std::make_unique<NcclCommunicator>(comm, device));
 }
 
 }  // namespace mhc_sp

@@ -21,6 +21,12 @@ struct PostParams {
   const float* post;         // (T, n)
   const float* comb;         // (T, n, n)
   BFloat16* residual_out;    // (T, n, H)
+  // CPU kernels only: when x_parts_count > 0, x is unused and row t of x is the fp32 sum of
+  // x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
+  // boundary's reduction into the post: the parts are the ranks' partial rows in shared memory,
+  // and the reduced x is never materialised.
+  const BFloat16* const* x_parts = nullptr;  // x_parts_count pointers to (T, H) rows
+  int64_t x_parts_count = 0;
 };
 
 // The projection + coefficients + collapse shared by mhc_pre, mhc_post_pre,
