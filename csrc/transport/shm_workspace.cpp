@@ -252,7 +252,8 @@ void Workspace::barrier(const char* what) {
       const uint32_t by = bp::load_broken(&seg_.header()->broken);
       if (by != 0) {
         fail(c10::str("group '", group_, "' (shm transport): rank ", by - 1, " gave up during ",
-                      what, " (see that rank's error); the workspace is now broken"));
+                      what, " (see that rank's error) while rank ", p,
+                      " had not arrived; the workspace is now broken"));
       }
       const int64_t pid = __atomic_load_n(&seg_.control(p)->pid, __ATOMIC_RELAXED);
       if (process_gone(pid)) {

@@ -85,18 +85,25 @@ def _check_transport(transport, device_type: str) -> str:
     return transport
 
 
-def _timeout_seconds(pg: ProcessGroup, timeout) -> float:
-    """``timeout`` (seconds or a timedelta) or else the process group's own timeout."""
+def _check_timeout(timeout) -> float | None:
+    """``timeout`` (seconds or a timedelta) in seconds, or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout: expected seconds or a timedelta, got {type(timeout).__name__}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"timeout: expected a positive, finite duration, got {timeout!r}")
+    return seconds
+
+
+def _timeout_seconds(pg: ProcessGroup, timeout: float | None) -> float:
+    """``timeout`` or else the process group's own timeout."""
     if timeout is not None:
-        if isinstance(timeout, timedelta):
-            seconds = timeout.total_seconds()
-        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-            seconds = float(timeout)
-        else:
-            raise TypeError(f"timeout: expected seconds or a timedelta, got {type(timeout).__name__}")
-        if not seconds > 0:
-            raise ValueError(f"timeout: expected a positive duration, got {timeout!r}")
-        return seconds
+        return timeout
     try:
         return pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     except Exception:  # no CPU backend, or a torch without these attributes
@@ -155,6 +162,7 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
     """
     device_type = _device_type(device)
     transport = _check_transport(transport, device_type)
+    timeout = _check_timeout(timeout)
     if not dist.is_initialized():
         if group not in (None, WORLD):
             raise ValueError(f"group: {group!r} given but torch.distributed is not initialised")
