@@ -23,10 +23,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waiting: spin for the short waits of balanced ranks, then yield the core (ranks may outnumber
-// cores, and the rank being waited for may need this one), then sleep with growing naps.
-constexpr int kSpins = 2000;
-constexpr auto kYieldFor = std::chrono::microseconds(1000);
+// Waiting: spin through the waits of balanced ranks, since a yield costs a whole time slice
+// whenever anything else is runnable; but when ranks outnumber the cores, the rank being waited
+// for may need this very core, so yield almost at once. Then sleep with growing naps.
+constexpr auto kSpinForOwnCore = std::chrono::microseconds(1000);
+constexpr auto kSpinForSharedCore = std::chrono::microseconds(20);
+constexpr int kSpinsPerClock = 64;
+constexpr auto kYieldFor = std::chrono::microseconds(3000);
 constexpr auto kMinNap = std::chrono::microseconds(20);
 constexpr auto kMaxNap = std::chrono::microseconds(500);
 constexpr auto kCheckEvery = std::chrono::milliseconds(5);  // peer liveness, timeout, broken word
@@ -196,6 +199,9 @@ Segment::~Segment() {
 Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::string& segment,
                      std::chrono::milliseconds timeout)
     : group_(std::move(group)), rank_(rank), world_(world), timeout_(timeout) {
+  cpu_set_t cpus;
+  const int64_t cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  spin_for_ = world <= cores ? kSpinForOwnCore : kSpinForSharedCore;
   TORCH_CHECK_VALUE(world >= 2 && world <= bp::kMaxWorld, "group: the shm transport serves 2 to ",
                     bp::kMaxWorld, " ranks, got ", world);
   TORCH_CHECK_VALUE(segment.size() >= 2 && segment.size() < bp::kNameBytes && segment[0] == '/',
@@ -230,16 +236,20 @@ void Workspace::barrier(const char* what) {
   auto next_check = start + kCheckEvery;
   auto nap = kMinNap;
   int spins = 0;
+  bool spinning = true;
   for (int64_t p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     const uint64_t* arrived = &seg_.control(p)->arrived;
     while (bp::load_acquire(arrived) < e) {
-      if (spins < kSpins) {
-        ++spins;
+      if (spinning && ++spins % kSpinsPerClock != 0) {
         cpu_relax();
         continue;
       }
       const auto now = Clock::now();
+      if (spinning) {
+        spinning = now - start < spin_for_;
+        continue;
+      }
       if (now - start < kYieldFor) {
         sched_yield();
       } else {
