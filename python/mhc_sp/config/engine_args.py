@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from .compilation import CompilationConfig
 from .engine import EngineConfig
@@ -74,60 +74,75 @@ class EngineArgs:
     seed: int = 0
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser,
-                     only: Optional[Iterable[str]] = None) -> argparse.ArgumentParser:
-        """Add the engine flags to ``parser`` (all of them, or the fields named in ``only``);
-        returns the parser. Defaults are the field defaults."""
-        d = EngineArgs()
-        wanted = None if only is None else set(only)
-        unknown = (wanted or set()) - {f.name for f in dataclasses.fields(EngineArgs)}
-        if unknown:
-            raise ValueError(f"only: unknown EngineArgs fields {sorted(unknown)}")
+    def add_cli_args(parser: argparse.ArgumentParser, only: Optional[Iterable[str]] = None,
+                     defaults: Optional[Mapping[str, Any]] = None) -> argparse.ArgumentParser:
+        """Add the engine flags to ``parser``: all of them, or the fields named in ``only``
+        (a tool that needs a few of them, spelled as the engine spells them). ``defaults``
+        overrides field defaults for this parser (the help shows them). Returns the parser."""
+        names = {f.name for f in dataclasses.fields(EngineArgs)}
+        wanted = names if only is None else set(only)
+        defaults = dict(defaults or {})
+        for arg, given in (("only", wanted), ("defaults", set(defaults))):
+            if given - names:
+                raise ValueError(f"{arg}: unknown EngineArgs fields {sorted(given - names)}")
+        values = {**dataclasses.asdict(EngineArgs()), **defaults}
+        tiny = ModelConfig.tiny()
+        # What a model field left unset becomes, for the help text.
+        unset = {"hidden_size": tiny.hidden_size, "num_layers": tiny.num_layers,
+                 "num_heads": "hidden/64 from 1024 up, else hidden/8",
+                 "num_experts": tiny.num_routed_experts,
+                 "num_experts_per_tok": tiny.num_experts_per_tok,
+                 "moe_intermediate_size": "hidden/2", "vocab_size": tiny.vocab_size,
+                 "sp_threshold": "off"}
 
-        def add(group, field: str, *flags: str, **kw) -> None:
-            if wanted is None or field in wanted:
-                group.add_argument(*flags, dest=field, default=getattr(d, field), **kw)
+        def add(group, field: str, *flags: str, help: str, **kw) -> None:
+            if field in wanted:
+                value = values[field]
+                shown = unset.get(field) if value is None else value
+                if not kw.get("action"):
+                    help = f"{help} (default: {shown})"
+                group.add_argument(*flags, dest=field, default=value, help=help, **kw)
 
         par = parser.add_argument_group("parallelism")
         add(par, "tensor_parallel_size", "--tensor-parallel-size", "-tp", type=positive_int,
-            metavar="N", help="ranks each layer's weights are split over (default: %(default)s)")
+            metavar="N", help="ranks each layer's weights are split over")
         add(par, "pipeline_parallel_size", "--pipeline-parallel-size", "-pp", type=positive_int,
-            metavar="N", help="pipeline stages the layers are split into (default: %(default)s)")
+            metavar="N", help="pipeline stages the layers are split into")
         add(par, "sp_threshold", "--sp-threshold", type=positive_int, metavar="N",
             help="sequence parallelism: forwards of at least N tokens keep the mHC residual "
                  "stream split by tokens over the tensor-parallel ranks (needs -tp > 1; "
-                 "default: off). `mhc-sp-bench tune` measures a good N for this machine")
+                 "`mhc-sp-bench tune` measures a good N for this machine)")
         comp = parser.add_argument_group("execution")
         add(comp, "enforce_eager", "--enforce-eager", action="store_true",
             help="run every forward eagerly: no CUDA graphs and no compile pass")
         add(comp, "max_cudagraph_capture_size", "--max-cudagraph-capture-size",
             type=non_negative_int, metavar="N",
             help="capture CUDA graphs for forwards of up to N tokens (CUDA only; 0: none; "
-                 "default: %(default)s). --sp-threshold must be above it")
+                 "--sp-threshold must be above it)")
         add(comp, "num_speculative_tokens", "--num-speculative-tokens", type=non_negative_int,
             metavar="K", help="MTP draft steps after each forward, each fed the previous "
-                              "step's stream (default: %(default)s)")
+                              "step's stream")
         model = parser.add_argument_group("model size (the small test model unless given)")
         add(model, "hidden_size", "--hidden-size", type=positive_int, metavar="H",
-            help="hidden size (default: 96)")
+            help="hidden size")
         add(model, "num_layers", "--num-layers", type=positive_int, metavar="L",
-            help="decoder layers (default: 2)")
+            help="decoder layers")
         add(model, "num_heads", "--num-heads", type=positive_int, metavar="N",
-            help="attention heads (default: hidden/64 from 1024 up, else hidden/8)")
+            help="attention heads")
         add(model, "num_experts", "--num-experts", type=positive_int, metavar="E",
-            help="routed experts per MoE layer (default: 8)")
+            help="routed experts per MoE layer")
         add(model, "num_experts_per_tok", "--num-experts-per-tok", type=positive_int,
-            metavar="K", help="experts each token is routed to (default: 2)")
+            metavar="K", help="experts each token is routed to")
         add(model, "moe_intermediate_size", "--moe-intermediate-size", type=positive_int,
-            metavar="I", help="intermediate size of each expert (default: hidden/2)")
+            metavar="I", help="intermediate size of each expert")
         add(model, "vocab_size", "--vocab-size", type=positive_int, metavar="V",
-            help="vocabulary size (default: 240)")
+            help="vocabulary size")
         add(model, "moe_backend", "--moe-backend", choices=sorted(MOE_BACKEND_SUPPORTS_SP),
             help="MoE implementation: naive computes every routed token; capacity drops "
                  "tokens beyond each expert's capacity and cannot run with "
-                 "--sp-threshold (default: %(default)s)")
+                 "--sp-threshold")
         add(model, "seed", "--seed", type=non_negative_int,
-            help="seed of the synthetic weights (default: %(default)s)")
+            help="seed of the synthetic weights")
         return parser
 
     @classmethod
