@@ -31,9 +31,11 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """bf16 in, bf16 out, fp32 math."""
+    """RMSNorm over the last dim: bf16 in, bf16 out, fp32 math (the ops' fused norm; the model's
+    final norm uses it too)."""
     y = x.float()
-    return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+    scale = torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
+    return (y * scale * weight.float()).to(torch.bfloat16)
 
 
 def mhc_pre(residual, fn, hc_scale, hc_base, norm_weight=None, cfg: MhcConfig = DEFAULT):
