@@ -208,7 +208,7 @@ def run_engine(rank, groups, tp, pp):
     import torch.distributed as dist
 
     from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
-    from mhc_sp.reference import shard_rows
+    from mhc_sp.ops import shard_rows
 
     on = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC), groups)
     off = ModelRunner(engine(tp, pp=pp, spec=SPEC), groups)

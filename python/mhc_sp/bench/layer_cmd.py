@@ -8,9 +8,10 @@ import torch
 
 from .. import reference as R
 from ..launch import run_world
+from ..testing import random_inputs
 from . import report
 from ..profiling import phase, profiled
-from .ops_cmd import add_common_args, int_list
+from .flags import add_common_args, int_list
 from .timing import rank_device, time_across_ranks
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
@@ -40,7 +41,7 @@ def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) 
 
 def boundary_case(T: int, H: int, n: int, rank: int, world: int, group: str, device) -> dict:
     """Seeded inputs of one boundary of T tokens on this rank, as :func:`boundary_paths`."""
-    i = R.random_inputs(T, n, H, seed=0, device=device)
+    i = random_inputs(T, n, H, seed=0, device=device)
     gen = torch.Generator().manual_seed(1 + rank)
     partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
     return boundary_paths(i, partial, rank, world, group, T)

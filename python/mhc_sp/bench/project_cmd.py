@@ -27,7 +27,7 @@ import torch
 
 from ..config import EngineArgs
 from . import report
-from .ops_cmd import int_list
+from .flags import int_list
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from ..config import EngineArgs
 from ..launch import run_world
 from . import report
 from .layer_cmd import boundary_case
-from .ops_cmd import int_list
+from .flags import int_list
 from .timing import rank_device, time_across_ranks
 
 #: The sweep of ``tune`` (decode sizes to long prefill chunks).
