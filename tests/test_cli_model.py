@@ -89,7 +89,8 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
     (["--sp-threshold", "-1"], "argument --sp-threshold: expected a positive integer, got '-1'"),
-    (["--sp-threshold", "lots"], "argument --sp-threshold: expected a positive integer, got 'lots'"),
+    (["--sp-threshold", "lots"],
+     "argument --sp-threshold: expected a positive integer, got 'lots'"),
     (["-tp", "two"], "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'"),
     (["--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
 ])

@@ -125,8 +125,8 @@ def test_explicit_pass_config_rules():
 
 def test_moe_backend_not_valid_on_a_token_shard_is_refused_when_sp_is_enabled():
     assert MOE_BACKEND_SUPPORTS_SP == {"naive": True, "capacity": False}
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support sequence "
-                                                  "parallelism: which tokens it drops depends on"):
+    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
+                                                  "sequence parallelism: which tokens it drops"):
         engine(tp=2, sp=4, backend="capacity")
     with pytest.raises(NotImplementedError, match="not valid on a token shard"):
         engine(tp=2, sp=4, backend="capacity", eager=True)
@@ -134,8 +134,8 @@ def test_moe_backend_not_valid_on_a_token_shard_is_refused_when_sp_is_enabled():
     # on by hand: SP is enabled by parallel.enable_sp alone.
     assert engine(tp=2, sp=None, backend="capacity").moe_backend == "capacity"
     assert engine(tp=1, sp=4, backend="capacity").moe_backend == "capacity"
-    assert engine(tp=2, backend="capacity",
-                  pass_config=PassConfig(enable_sp=True, sp_min_token_num=8)).moe_backend == "capacity"
+    by_hand = PassConfig(enable_sp=True, sp_min_token_num=8)
+    assert engine(tp=2, backend="capacity", pass_config=by_hand).moe_backend == "capacity"
     with pytest.raises(ValueError, match="moe_backend: unknown backend 'fast'"):
         engine(tp=2, backend="fast")
 

@@ -75,8 +75,8 @@ def test_impossible_values_are_argparse_errors_naming_the_flag(flag, value, mess
 
 def test_more_ranks_than_the_world_is_a_clear_error():
     args = parse("-tp", "4")
-    with pytest.raises(ValueError, match="tensor_parallel_size=4 x pipeline_parallel_size=1 needs 4 "
-                                         "ranks, but the world has 2"):
+    with pytest.raises(ValueError, match="tensor_parallel_size=4 x pipeline_parallel_size=1 "
+                                         "needs 4 ranks, but the world has 2"):
         args.create_engine_config(world_size=2)
     assert args.create_engine_config(world_size=4).parallel.world_size == 4
 
@@ -85,7 +85,7 @@ def test_help_says_what_each_flag_does():
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser(prog="prog"))
     actions = [a for a in parser._actions if a.dest != "help"]
     assert {a.dest for a in actions} == {f for f in EngineArgs.__dataclass_fields__}
-    assert all(a.help and len(a.help) > 20 for a in actions), [a.dest for a in actions if not a.help]
+    assert all(a.help and len(a.help) > 20 for a in actions), [a.dest for a in actions]
     text = parser.format_help()
     for flag in ("--sp-threshold", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size",
                  "-pp", "--enforce-eager", "--max-cudagraph-capture-size", "--moe-backend",

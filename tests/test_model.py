@@ -7,7 +7,6 @@ import torch
 from safetensors.torch import save_file
 
 import mhc_sp.distributed as msd
-from dist_harness import run_world
 from mhc_sp.config import ModelConfig
 from mhc_sp.model import (DeepseekV4Model, IntermediateTensors, MhcStream, MoE, RoutingTrace,
                           RowParallelLinear, TPContext, init_synthetic, load_safetensors,
@@ -158,8 +157,8 @@ def test_moe_dense_and_eager_agree_and_capacity_drops_in_token_order():
 
 
 def test_moe_backend_not_valid_with_sp_raises():
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support sequence "
-                                                  "parallelism"):
+    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
+                                                  "sequence parallelism"):
         make_moe("capacity", sp=True)
     moe = make_moe("capacity")
     with pytest.raises(NotImplementedError, match="not valid on a token shard"):
@@ -182,7 +181,8 @@ def test_row_parallel_linear_reduces_only_when_asked(world_of_one):
     try:
         x = torch.randn(5, 24).to(torch.bfloat16)
         reducing = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu")
-        partial = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu", reduce_results=False)
+        partial = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu",
+                                    reduce_results=False)
         init_synthetic(reducing, 3)
         init_synthetic(partial, 3)
         assert reducing.reduce_results and not partial.reduce_results
@@ -231,8 +231,8 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
     assert torch.equal(sh.logits, out.logits) and torch.equal(sh.final_stream, out.final_stream)
     assert torch.equal(model.mtp_forward(out.final_stream, nxt, sharded=True).logits, draft.logits)
     # The MTP sees the next tokens and the stream: change either, other draft logits.
-    assert not torch.equal(model.mtp_forward(out.final_stream, (nxt + 1) % 240, sharded=False).logits,
-                           draft.logits)
+    other_ids = model.mtp_forward(out.final_stream, (nxt + 1) % 240, sharded=False)
+    assert not torch.equal(other_ids.logits, draft.logits)
     assert not torch.equal(model.mtp_forward(draft.final_stream, nxt, sharded=False).logits,
                            draft.logits)
     # Causal attention: the first rows' drafts do not depend on the rows after them.

@@ -20,8 +20,8 @@ TINY = ModelConfig.tiny()
 
 def engine(tp, sp=None, max_graph=0, eager=False, pp=1, model=TINY, spec=0, backend="naive"):
     return EngineConfig(model, ParallelConfig(tp, pp, sp),
-                        CompilationConfig(max_cudagraph_capture_size=max_graph), enforce_eager=eager,
-                        moe_backend=backend, num_speculative_tokens=spec)
+                        CompilationConfig(max_cudagraph_capture_size=max_graph),
+                        enforce_eager=eager, moe_backend=backend, num_speculative_tokens=spec)
 
 
 # ---- the decision ------------------------------------------------------------------------------
@@ -138,10 +138,11 @@ def test_runner_world_of_one_drafts_and_input_errors():
             runner.forward(torch.zeros(0, dtype=torch.int64))
         with pytest.raises(ValueError, match="input_ids: expected a 1-D int64 tensor"):
             runner.forward(ids.float())
-        with pytest.raises(ValueError, match=r"final_stream: expected a bfloat16 tensor of shape \(4, 384\)"):
+        with pytest.raises(ValueError, match=r"final_stream: expected a bfloat16 tensor of "
+                                             r"shape \(4, 384\)"):
             runner.propose(out.final_stream, ids[:4])
-        with pytest.raises(ValueError, match=r"last_token_indices: expected a non-empty 1-D list of "
-                                             r"row indices in \[0, 5\), got \[5\]"):
+        with pytest.raises(ValueError, match=r"last_token_indices: expected a non-empty 1-D "
+                                             r"list of row indices in \[0, 5\), got \[5\]"):
             runner.propose(out.final_stream, ids, last_token_indices=[5])
         with pytest.raises(ValueError, match="num_steps: expected a positive int"):
             runner.propose(out.final_stream, ids, num_steps=0)
@@ -158,7 +159,7 @@ def test_runner_world_of_one_drafts_and_input_errors():
         msd.destroy()
 
 
-# ---- one world of six gloo ranks: tp 2 and 3 x pp 1 and 2 -----------------------------------------
+# ---- one world of six gloo ranks: tp 2 and 3 x pp 1 and 2 ---------------------------------------
 
 THRESHOLD = 4
 ENGINES = [(2, 1), (3, 1), (2, 2), (3, 2)]
@@ -207,7 +208,7 @@ def run_engine(rank, groups, tp, pp):
     """Every check of one engine on this rank; returns what the parent compares across ranks."""
     import torch.distributed as dist
 
-    from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
+    from mhc_sp.model import RoutingTrace, TPContext
     from mhc_sp.ops import shard_rows
 
     on = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC), groups)

@@ -35,7 +35,7 @@ from . import distributed as msd
 from .config import EngineConfig, ParallelConfig
 from .model import (DeepseekV4Model, IntermediateTensors, MhcStream, ModelOutput, RoutingTrace,
                     TPContext, intermediate_shapes)
-from .profiling import NULL_TIMER, PhaseTimer
+from .profiling import PhaseTimer
 
 #: Token id used for padding rows.
 PAD_TOKEN_ID = 0
@@ -395,8 +395,8 @@ class _CapturedCall:
         clone = (lambda t: t.clone() if t is not None else None)  # noqa: E731
         inter = None
         if out.intermediate is not None:
-            inter = IntermediateTensors(clone(out.intermediate.x),
-                                        MhcStream(*(clone(t) for t in out.intermediate.stream.tensors())))
+            stream = MhcStream(*(clone(t) for t in out.intermediate.stream.tensors()))
+            inter = IntermediateTensors(clone(out.intermediate.x), stream)
         return ModelOutput(logits=clone(out.logits), intermediate=inter,
                            final_stream=clone(out.final_stream))
 

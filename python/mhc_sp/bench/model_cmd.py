@@ -188,7 +188,8 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
         with profiled(args.profile if rank == 0 else None, args.trace):  # rank 0 feeds a profiler
             for _ in range(args.iters):
                 out, drafts = step(timer)
-                total += out.timings["total"] + (drafts.timings.get("total", 0.0) if drafts else 0.0)
+                total += out.timings["total"]
+                total += drafts.timings.get("total", 0.0) if drafts else 0.0
         plan = runner.plan(args.tokens)
         reporting = groups.tp.rank == 0 and runner.is_last_stage
         stage_phases = [dict(timer.totals)]
@@ -211,7 +212,8 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
         report_lines = summary = None
         if reporting:
             draft_plans = drafts.plans if drafts else []
-            report_lines = _report(args, engine, plan, draft_plans, stage_phases, total) + check_lines
+            report_lines = _report(args, engine, plan, draft_plans, stage_phases, total)
+            report_lines += check_lines
             iters = max(1, args.iters)
             summary = {"tp": engine.parallel.tensor_parallel_size,
                        "pp": engine.parallel.pipeline_parallel_size,
@@ -269,9 +271,9 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
         lines.append(f"  {name}: max_abs_diff {diff:.4g} (tolerance {tol:.4g})")
     worst = max(diffs.values())
     lines = [f"max_abs_diff={worst:.6g}",
-             f"check: {'PASS' if ok else 'FAIL'} against tp=1, pp=1 on the same weights (MoE routing "
-             f"and drafted tokens replayed from this run; {differ}/{choices} expert choices of the "
-             f"main forward differ from free tp=1 routing):"] + lines
+             f"check: {'PASS' if ok else 'FAIL'} against tp=1, pp=1 on the same weights (MoE "
+             f"routing and drafted tokens replayed from this run; {differ}/{choices} expert "
+             f"choices of the main forward differ from free tp=1 routing):"] + lines
     return lines, 0 if ok else 1, diffs
 
 

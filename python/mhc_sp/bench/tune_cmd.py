@@ -190,7 +190,8 @@ def measure(tp: int, tokens: list[int], H: int, n: int, warmup: int, repeats: in
 
 def run(args) -> int:
     device = torch.device(args.device)
-    tp, H, max_capture = args.tensor_parallel_size, args.hidden_size, args.max_cudagraph_capture_size
+    tp, H = args.tensor_parallel_size, args.hidden_size
+    max_capture = args.max_cudagraph_capture_size
     if tp < 2:
         report.usage_error("tune", f"--tensor-parallel-size: SP needs at least 2 ranks, got {tp}")
     if device.type == "cuda" and tp > torch.cuda.device_count():

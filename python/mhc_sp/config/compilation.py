@@ -40,7 +40,8 @@ class CompilationConfig:
 
     def __post_init__(self):
         if not isinstance(self.pass_config, PassConfig):
-            raise TypeError(f"pass_config: expected a PassConfig, got {type(self.pass_config).__name__}")
+            raise TypeError(f"pass_config: expected a PassConfig, got "
+                            f"{type(self.pass_config).__name__}")
         check_non_negative_int(self.max_cudagraph_capture_size, "max_cudagraph_capture_size")
 
     def cudagraph_capture_sizes(self) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class MhcConfig:
-    """mHC hyper-parameters; defaults are DeepSeek-V4's (DESIGN §1)."""
+    """mHC hyper-parameters; defaults are DeepSeek-V4's (docs/design.md §1)."""
 
     hc_mult: int = 4
     sinkhorn_iters: int = 20
@@ -44,7 +44,8 @@ class MhcConfig:
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> "MhcConfig":
         """Read a Hugging Face DeepSeek-V4 ``config.json`` dict (``hc_mult``, ``hc_sinkhorn_iters``,
-        ``hc_eps``, ``rms_norm_eps``; ``hc_post_mult`` if present). Missing keys keep the defaults."""
+        ``hc_eps``, ``rms_norm_eps``; ``hc_post_mult`` if present). Missing keys keep the
+        defaults."""
         kw: dict[str, Any] = {}
         if "hc_mult" in cfg:
             kw["hc_mult"] = int(cfg["hc_mult"])

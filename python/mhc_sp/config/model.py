@@ -12,7 +12,7 @@ from .mhc import MhcConfig
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Dimensions of the lightweight DeepSeek-V4-style model (DESIGN §3).
+    """Dimensions of the lightweight DeepSeek-V4-style model (docs/design.md §3).
 
     Attention is a plain causal multi-head stand-in with ``head_dim = hidden_size / num_heads``.
     The MoE has ``num_routed_experts`` experts (top ``num_experts_per_tok``) of intermediate size
@@ -98,12 +98,15 @@ class ModelConfig:
         ``MhcConfig.from_hf_config``. Missing keys keep the ``tiny`` defaults; keyword arguments
         override the result."""
         if not isinstance(cfg, Mapping):
-            raise TypeError(f"cfg: expected a mapping (a parsed config.json), got {type(cfg).__name__}")
+            raise TypeError(f"cfg: expected a mapping (a parsed config.json), got "
+                            f"{type(cfg).__name__}")
         keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
                 "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
-                "n_routed_experts": "num_routed_experts", "num_experts_per_tok": "num_experts_per_tok",
+                "n_routed_experts": "num_routed_experts",
+                "num_experts_per_tok": "num_experts_per_tok",
                 "moe_intermediate_size": "moe_intermediate_size",
-                "n_shared_experts": "num_shared_experts", "num_nextn_predict_layers": "num_mtp_layers"}
+                "n_shared_experts": "num_shared_experts",
+                "num_nextn_predict_layers": "num_mtp_layers"}
         kw: dict[str, Any] = {ours: int(cfg[hf]) for hf, ours in keys.items()
                               if cfg.get(hf) is not None}
         if cfg.get("routed_scaling_factor") is not None:

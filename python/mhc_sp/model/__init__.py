@@ -1,6 +1,6 @@
 """A lightweight DeepSeek-V4-style model that drives the mhc_sp ops the way a serving engine does
-(DESIGN §3): TP attention and MoE returning un-reduced partials, fused mHC boundaries, an MTP draft
-layer, synthetic or loaded weights sliced per TP rank."""
+(docs/design.md §3): TP attention and MoE returning un-reduced partials, fused mHC boundaries, an
+MTP draft layer run as a forward of its own, synthetic or loaded weights sliced per TP rank."""
 
 from .attention import CausalSelfAttention
 from .layer import DeepseekV4DecoderLayer

@@ -246,8 +246,8 @@ class DeepseekV4Model(nn.Module):
             raise ValueError(f"mtp_forward: pipeline stage {self.pp_rank} of {self.pp_size} has no "
                              f"MTP layer (num_mtp_layers={self.cfg.num_mtp_layers}; only the last "
                              f"stage holds it)")
-        if not isinstance(next_ids, Tensor) or next_ids.dim() != 1 or next_ids.dtype != torch.int64 \
-                or next_ids.numel() == 0:
+        if not isinstance(next_ids, Tensor) or next_ids.dim() != 1 \
+                or next_ids.dtype != torch.int64 or next_ids.numel() == 0:
             raise ValueError(f"next_ids: expected a non-empty 1-D int64 tensor of token ids, got "
                              f"{getattr(next_ids, 'dtype', type(next_ids).__name__)} "
                              f"{tuple(getattr(next_ids, 'shape', ()))}")
