@@ -89,8 +89,9 @@ def verdict(rows: list[dict], threshold: Optional[int], tp: int, max_capture: in
     """The plain-language conclusion; its last line is ``recommended: ...``."""
     top = max(rows, key=lambda r: r["tokens"])
     if threshold is None:
-        return [f"With SP the boundary was not faster at {top['tokens']} tokens, the largest count "
-                f"measured ({top['sharded_ms']:.3g} ms vs {top['replicated_ms']:.3g} ms without). "
+        return [f"Verdict: with SP a boundary was not faster at {top['tokens']} tokens, the "
+                f"largest count measured ({top['sharded_ms']:.3g} ms vs "
+                f"{top['replicated_ms']:.3g} ms without). "
                 f"On this machine SP does not pay off in this range: leave it off, or measure "
                 f"larger counts with --tokens.",
                 "recommended: leave --sp-threshold unset (SP off)"]
@@ -115,13 +116,18 @@ def verdict(rows: list[dict], threshold: Optional[int], tp: int, max_capture: in
 
 # ---- measuring ------------------------------------------------------------------------------
 
+def _transports_selectable() -> bool:
+    """Whether ``mhc_sp.distributed.init`` lets the caller choose a transport."""
+    import mhc_sp.distributed as msd
+
+    return "transport" in inspect.signature(msd.init).parameters
+
+
 def _init_group(device_type: str, transport: Optional[str]) -> str:
     import mhc_sp.distributed as msd
 
     if transport is None:
         return msd.init(device=device_type)
-    if "transport" not in inspect.signature(msd.init).parameters:
-        raise ValueError(f"transport: this mhc_sp has one transport per device; got {transport!r}")
     return msd.init(device=device_type, transport=transport)
 
 
@@ -197,6 +203,16 @@ def run(args) -> int:
     if device.type == "cuda" and tp > torch.cuda.device_count():
         report.usage_error("tune", f"--tensor-parallel-size {tp} needs that many GPUs, found "
                                    f"{torch.cuda.device_count()}")
+    if args.transport is not None:
+        import mhc_sp.distributed as msd
+
+        if not _transports_selectable():
+            report.usage_error("tune", f"--transport: this build has one transport per device, "
+                                       f"got {args.transport!r}")
+        allowed = getattr(msd, "TRANSPORTS", {}).get(device.type)
+        if allowed is not None and args.transport not in allowed:
+            report.usage_error("tune", f"--transport: expected one of {', '.join(allowed)} on "
+                                       f"{device.type}, got {args.transport!r}")
     if args.warmup < 0 or args.repeats < 1:
         report.usage_error("tune", f"--warmup must be >= 0 and --repeats >= 1, got "
                                    f"{args.warmup} and {args.repeats}")
