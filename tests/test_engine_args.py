@@ -95,11 +95,14 @@ def test_help_says_what_each_flag_does():
 
 def test_a_subset_of_flags():
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser(prog="prog"),
-                                     only=("tensor_parallel_size", "max_cudagraph_capture_size"))
-    parser.set_defaults(tensor_parallel_size=2)
+                                     only=("tensor_parallel_size", "max_cudagraph_capture_size"),
+                                     defaults={"tensor_parallel_size": 2})
     args = EngineArgs.from_cli_args(parser.parse_args(["--max-cudagraph-capture-size", "4"]))
     assert args == EngineArgs(tensor_parallel_size=2, max_cudagraph_capture_size=4)
+    assert "ranks each layer's weights are split over (default: 2)" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--sp-threshold", "4"])
     with pytest.raises(ValueError, match=r"only: unknown EngineArgs fields \['tp'\]"):
         EngineArgs.add_cli_args(argparse.ArgumentParser(), only=("tp",))
+    with pytest.raises(ValueError, match=r"defaults: unknown EngineArgs fields \['hidden'\]"):
+        EngineArgs.add_cli_args(argparse.ArgumentParser(), defaults={"hidden": 4096})
