@@ -1,4 +1,4 @@
-"""``mhc-sp-bench model`` (issue 4 §4): spawned gloo ranks, torchrun, --check, config errors."""
+"""``mhc-sp-bench model``: spawned gloo ranks, torchrun, --check, config errors."""
 
 import os
 import re

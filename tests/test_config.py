@@ -1,4 +1,4 @@
-"""Every configuration rule of issue 4 §1 (and the model's shape rules), with the messages."""
+"""Every configuration rule of docs/design.md §3 (and the model's shape rules), with messages."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""The V4-style model (issue 4 §2, §5): TP slicing, weights, MoE backends, the MTP layer, and on
+"""The V4-style model: TP slicing, weights, MoE backends, the MTP layer, and on
 gloo worlds of 2 and 3 ranks: SP on vs SP off vs tp=1 logits for token counts below, at and above
 the threshold, odd counts, fewer tokens than ranks; padding never leaks."""
 

@@ -1,4 +1,4 @@
-"""The runner (issue 4 §3): padding, the one SP decision, plans with CUDA graph sizes, and on four
+"""The runner: padding, the one SP decision, plans with CUDA graph sizes, and on four
 gloo ranks pipeline stages pp=2 x tp=2 handing token-sharded tensors to each other (plus tp=4)."""
 
 import pytest

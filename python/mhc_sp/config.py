@@ -66,7 +66,7 @@ class MhcConfig:
         return MhcConfig(**values)
 
 
-# ---- model, parallel and engine configuration (issue 4; DESIGN §3) ------------------------------
+# ---- model, parallel and engine configuration (docs/design.md §3) -------------------------------
 
 import dataclasses
 from typing import Optional

@@ -201,7 +201,7 @@ def expected_outputs(i: dict, norm: bool) -> dict:
     """op -> {output name: tensor} for inputs ``i`` (the ops' dtypes), with or without the norm."""
     d = {k: f64(v) for k, v in i.items()}
     w = d["norm_weight"] if norm else None
-    T, n, H = i["residual"].shape
+    n = i["residual"].shape[1]
     out = {}
     out["mhc_pre"] = dict(zip(("post", "comb", "layer_input"),
                               pre(i["residual"], d["fn"], d["scale"], d["base"], w)))
@@ -238,7 +238,7 @@ def _build() -> dict:
         inputs = unpack_inputs(stored)
         expected = expected_outputs(inputs, norm=True)
         no_norm = expected_outputs(inputs, norm=False)
-        # Stored once: post_pre's stream is mhc_post's, broadcast's is x repeated (load() adds them).
+        # Stored once: post_pre's stream is mhc_post's, broadcast's is x repeated (see load()).
         assert torch.equal(expected["mhc_post_pre"].pop("residual_out"),
                            expected["mhc_post"]["residual_out"])
         assert torch.equal(expected["mhc_pre_broadcast"].pop("residual_out"),
