@@ -11,7 +11,7 @@ rounded, not through fp32). To keep the file small, ``fn`` and ``head_fn`` are d
 multiples of a power-of-two step and stored that way, and outputs that repeat others are stored
 once; :func:`load` restores both exactly.
 
-Needs only torch and numpy; mhc_sp is not imported.
+Making the data needs torch and numpy, loading it torch alone; mhc_sp is not imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 PATH = Path(__file__).with_name("mhc_golden.pt")
@@ -64,10 +63,14 @@ class Draw:
     """Values from one seeded PCG64 stream using only exactly rounded operations."""
 
     def __init__(self, seed: int):
+        import numpy as np  # only to make the data: load() needs torch alone
+
+        self.np = np
         self.bits = np.random.PCG64(seed)
 
     def uniform(self, *shape) -> torch.Tensor:
         """float64 multiples of 2^-24 in [0, 1)."""
+        np = self.np
         raw = self.bits.random_raw(math.prod(shape)) >> np.uint64(40)
         return torch.from_numpy(raw.astype(np.float64) * 2.0**-24).reshape(shape)
 
