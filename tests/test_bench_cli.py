@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from mhc_sp.bench import cli, ops_cmd
+from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover
 from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
-from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover
 
 
 def run_cli(tmp_path, *argv):
     out = tmp_path / "out.json"
     assert cli.main([*argv, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["command"].startswith("mhc-sp-bench")
+    assert doc["command"] == " ".join(["mhc-sp-bench", *argv, "--json", str(out)])
     assert doc["environment"]["torch"]
     return doc
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
@@ -51,7 +52,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parsed arguments; no subcommand means ``layer`` with ``QUICK_LAYER``."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["layer", *QUICK_LAYER])
+    args.argv = argv  # what the JSON records as the command line
     return args
