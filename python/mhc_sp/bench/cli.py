@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
@@ -55,7 +56,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from .tune_cmd import QUICK
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["tune", *QUICK])
+    args.argv = argv  # what the JSON records as the command line
     return args

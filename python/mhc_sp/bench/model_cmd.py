@@ -123,7 +123,8 @@ def _finish(args, results: list[dict]) -> int:
         if result.get("summary") and args.json:
             import torch
 
-            doc = report.document("model", [result["summary"]], torch.device(args.device))
+            doc = report.document("model", [result["summary"]], torch.device(args.device),
+                                  argv=getattr(args, "argv", None))
             report.write_json(doc, args.json)
     return max(result["code"] for result in results)
 

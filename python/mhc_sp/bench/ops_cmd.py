@@ -117,11 +117,19 @@ def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
                 fns["gemm"] = functools.partial(torch.matmul, X, i["fn"].t())
             if "eager" in baselines:
                 fns["eager"] = functools.partial(info.reference, *sample.args, **sample.kwargs)
+            compile_error = None
             if "compile" in baselines:
                 fns["compile"] = functools.partial(compiled[name], *sample.args, **sample.kwargs)
+                try:  # a baseline that fails to compile is reported, not fatal
+                    fns["compile"]()
+                except Exception as e:  # noqa: BLE001
+                    compile_error = f"{type(e).__name__}: {e}"[:300]
+                    del fns["compile"]
             with phase(f"{name} T={T} H={H}"):
                 t = time_calls(fns, device, args.warmup, args.repeats, cuda_graph=graph)
             rows.append(row(name, T, H, nbytes, t, device))
+            if compile_error:
+                rows[-1]["compile_error"] = compile_error
         del i
         if device.type == "cuda":
             torch.cuda.empty_cache()
