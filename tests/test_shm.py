@@ -16,6 +16,7 @@ import mhc_sp.distributed as msd
 from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
+from mhc_sp.testing import random_inputs
 from test_sp_ops import partials_for, rank_order_sum
 
 TIMEOUT_S = 4.0  # the workspace's timeout in these worlds: a stalled peer fails within it
@@ -52,7 +53,7 @@ def back_to_back(rank, world, group, calls=1000):
         # Checked bit for bit against the single-process ops on all T rows and the rank-order
         # sum (CPU kernels are batch invariant), on every 25th call and every large one.
         verify = call % 25 == 0 or big
-        i = R.random_inputs(T, n, H, seed=call)
+        i = random_inputs(T, n, H, seed=call)
         sharded = kind != "layer_replicated"
         rows = -(-T // world) if sharded else T
         first, valid = (rank * rows, max(0, min(rows, T - rank * rows))) if sharded else (0, T)
@@ -98,7 +99,7 @@ def worker_protocol(rank, world):
 
     # Ranks that disagree on a call all raise, naming what differs; the workspace is then broken
     # until init runs again on every rank.
-    i = R.random_inputs(6, 4, H, seed=1)
+    i = random_inputs(6, 4, H, seed=1)
     T = 5 + (rank == 1)
     partial = partials_for(world, 6, H, seed=2)[rank]
     res, post, comb = (R.shard_tokens(i[k][:T], rank, world) for k in ("residual", "post", "comb"))
@@ -140,7 +141,7 @@ def worker_protocol(rank, world):
     # A rank killed in the middle of a call: it loops fused_layer while a timer kills it.
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
     T, H = 512, 256
-    i = R.random_inputs(T, 4, H, seed=3)
+    i = random_inputs(T, 4, H, seed=3)
     partial = partials_for(world, T, H, seed=4)[rank]
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
     call = lambda: ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"],  # noqa: E731

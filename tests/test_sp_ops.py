@@ -13,7 +13,7 @@ from dist_harness import COLLECTIVE_TIMEOUT_S, run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.reference import assert_close
+from mhc_sp.testing import assert_close, random_inputs
 
 CFG = MhcConfig()
 
@@ -82,7 +82,7 @@ def run_case(rank, world, group, device, case_id, case):
     tag = f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
     on = lambda t: t.to(device)  # noqa: E731
     cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
-    i = R.random_inputs(T, n, H, seed=100 + case_id)
+    i = random_inputs(T, n, H, seed=100 + case_id)
     w = i["norm_weight"] if norm else None
     d = {k: on(v) for k, v in i.items()}
     dw = d["norm_weight"] if norm else None
@@ -207,7 +207,7 @@ def worker_compiled_boundary(rank, world):
 
     group = msd.init()
     T, n, H = 11, 4, 64
-    i = R.random_inputs(T, n, H, seed=5)
+    i = random_inputs(T, n, H, seed=5)
     partials = partials_for(world, T, H, seed=6)
     res = R.shard_tokens(i["residual"], rank, world)
     post = R.shard_tokens(i["post"], rank, world)
@@ -233,7 +233,7 @@ def worker_wrong_shape(rank, world):
 
     group = msd.init()
     T, n, H = 8, 4, 64
-    i = R.random_inputs(T, n, H, seed=1)
+    i = random_inputs(T, n, H, seed=1)
     partial = partials_for(world, T, H, seed=2)[rank]
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
     if rank == 1:
@@ -306,7 +306,7 @@ def test_world_of_one_without_torch_distributed():
 
     group = msd.init()
     T, n, H = 5, 4, 64
-    i = R.random_inputs(T, n, H, seed=8)
+    i = random_inputs(T, n, H, seed=8)
     for sharded in (True, False):
         got = ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
                               i["base"], i["norm_weight"], group, sharded, T)
