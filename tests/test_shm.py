@@ -16,6 +16,7 @@ import mhc_sp.distributed as msd
 from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
+from mhc_sp.config import ParallelConfig
 from mhc_sp.testing import random_inputs
 from test_sp_ops import partials_for, rank_order_sum
 
@@ -166,26 +167,22 @@ def worker_protocol(rank, world):
 
 def model_check(rank, world):
     """The V4 model's SP forward on the shm transport matches the tp=1 model (runner tolerance)."""
-    from test_model import TINY, ids_for
+    from test_runner import TINY, engine
 
-    from mhc_sp.config import EngineConfig, ParallelConfig
-    from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
-    from mhc_sp.runner import ModelRunner, init_parallel_groups, logits_tolerance
+    from mhc_sp.model import RoutingTrace, TPContext
+    from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
 
     groups = init_parallel_groups(ParallelConfig(world), "cpu")
     assert msd.transport(groups.tp.group, "cpu") == "shm"
-    runner = ModelRunner(EngineConfig(TINY, ParallelConfig(world, 1, 4)), groups)
-    ref = DeepseekV4Model(TINY, tp=TPContext(0, 1, groups.self_group))
-    ids, nxt = ids_for(11, seed=5)
+    one = ParallelGroups(TPContext(0, 1, groups.self_group), self_group=groups.self_group)
+    runner, ref = ModelRunner(engine(world, sp=4), groups), ModelRunner(engine(1), one)
+    ids = torch.randint(0, TINY.vocab_size, (11,), generator=torch.Generator().manual_seed(5))
     trace = RoutingTrace()
-    out = runner.forward(ids, nxt, routing=trace)
+    out = runner.forward(ids, routing=trace)
     assert out.plan.sharded
-    with torch.no_grad():
-        r = ref(ids, sharded=False, mtp_input_ids=nxt, routing=RoutingTrace(trace.recorded))
-    layers = TINY.num_layers + TINY.num_mtp_layers
-    for x, y in ((out.logits, r.logits), (out.mtp_logits, r.mtp_logits)):
-        diff = (x - y).abs().max().item()
-        assert diff <= logits_tolerance(layers, y), diff
+    r = ref.forward(ids, routing=RoutingTrace([t.cpu() for t in trace.recorded]))
+    diff = (out.logits - r.logits).abs().max().item()
+    assert diff <= logits_tolerance(TINY.num_layers, r.logits), diff
     return True
 
 
