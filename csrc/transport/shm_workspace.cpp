@@ -5,8 +5,10 @@
 #include "shm_workspace.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,16 +25,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waiting: spin through the waits of balanced ranks, since a yield costs a whole time slice
-// whenever anything else is runnable; but when ranks outnumber the cores, the rank being waited
-// for may need this very core, so yield almost at once. Then sleep with growing naps.
-constexpr auto kSpinForOwnCore = std::chrono::microseconds(1000);
-constexpr auto kSpinForSharedCore = std::chrono::microseconds(20);
+// Waiting: spin through the short waits of balanced ranks, then sleep on the peer's futex word
+// until it arrives (it wakes its sleepers). While ranks fit the cores a spin is cheaper than a
+// sleep and its wake-up; when they outnumber the cores, the rank being waited for may need this
+// very core, so the wait sleeps almost at once.
+constexpr auto kSpinForOwnCore = std::chrono::microseconds(100);
+constexpr auto kSpinForSharedCore = std::chrono::microseconds(5);
 constexpr int kSpinsPerClock = 64;
-constexpr auto kYieldFor = std::chrono::microseconds(3000);
-constexpr auto kMinNap = std::chrono::microseconds(20);
-constexpr auto kMaxNap = std::chrono::microseconds(500);
-constexpr auto kCheckEvery = std::chrono::milliseconds(5);  // peer liveness, timeout, broken word
+constexpr auto kCheckEvery = std::chrono::microseconds(5000);  // liveness, timeout, broken word
 
 constexpr int64_t kInitialHalfBytes = int64_t{1} << 20;
 
@@ -45,6 +45,17 @@ inline void cpu_relax() {
 }
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+// Shared (not process-private) futexes: the words live in a segment mapped by several processes.
+void futex_wait(uint32_t* word, uint32_t seen, std::chrono::microseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000),
+              static_cast<long>(timeout.count() % 1000000) * 1000};
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
 
 // The process is gone: no /proc entry, or a zombie waiting to be reaped.
 bool process_gone(int64_t pid) {
@@ -231,34 +242,38 @@ void Workspace::check_usable() const {
 
 void Workspace::barrier(const char* what) {
   const uint64_t e = ++epoch_;
-  bp::store_release(&seg_.control(rank_)->arrived, e);
+  bp::RankControl* mine = seg_.control(rank_);
+  bp::store_release(&mine->arrived, e);
+  __atomic_store_n(&mine->arrived_low, static_cast<uint32_t>(e), __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&mine->sleepers, __ATOMIC_SEQ_CST) != 0) futex_wake_all(&mine->arrived_low);
   const auto start = Clock::now();
   auto next_check = start + kCheckEvery;
-  auto nap = kMinNap;
   int spins = 0;
   bool spinning = true;
   for (int64_t p = 0; p < world_; ++p) {
     if (p == rank_) continue;
-    const uint64_t* arrived = &seg_.control(p)->arrived;
-    while (bp::load_acquire(arrived) < e) {
+    bp::RankControl* peer = seg_.control(p);
+    while (bp::load_acquire(&peer->arrived) < e) {
       if (spinning && ++spins % kSpinsPerClock != 0) {
         cpu_relax();
         continue;
       }
-      const auto now = Clock::now();
       if (spinning) {
-        spinning = now - start < spin_for_;
+        spinning = Clock::now() - start < spin_for_;
         continue;
       }
-      if (now - start < kYieldFor) {
-        sched_yield();
-      } else {
-        std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, kMaxNap);
+      // Announce the sleep before the last look (both sequentially consistent), so that either
+      // this look sees the arrival or the arriving peer sees a sleeper and wakes it.
+      __atomic_fetch_add(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+      const uint32_t seen = __atomic_load_n(&peer->arrived_low, __ATOMIC_SEQ_CST);
+      if (bp::load_acquire(&peer->arrived) < e) {
+        futex_wait(&peer->arrived_low, seen, kCheckEvery);
       }
+      __atomic_fetch_sub(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+      const auto now = Clock::now();
       if (now < next_check) continue;
       next_check = now + kCheckEvery;
-      if (bp::load_acquire(arrived) >= e) break;
+      if (bp::load_acquire(&peer->arrived) >= e) break;
       const uint32_t by = bp::load_broken(&seg_.header()->broken);
       if (by != 0) {
         fail(c10::str("group '", group_, "' (shm transport): rank ", by - 1, " gave up during ",

@@ -108,7 +108,7 @@ class Workspace {
   std::string group_;
   int64_t rank_, world_;
   std::chrono::milliseconds timeout_;
-  std::chrono::microseconds spin_for_;  // how long a wait spins before it yields
+  std::chrono::microseconds spin_for_;  // how long a wait spins before it sleeps
   std::mutex mutex_;  // one call at a time per process
   Segment seg_;
   uint64_t epoch_ = 0;  // barriers passed in seg_

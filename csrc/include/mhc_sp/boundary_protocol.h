@@ -25,7 +25,8 @@
 //     i.e. has finished reading this half.
 //  3. Barriers use monotonic epochs. A rank arriving at its e-th barrier of the segment stores e
 //     into its RankControl::arrived with release semantics (after all its stores to its slot),
-//     then waits until every peer's `arrived`, loaded with acquire semantics, is >= e. Epochs
+//     then waits until every peer's `arrived`, loaded with acquire semantics, is >= e (host
+//     waiters that stop spinning sleep on the peer's arrived_low, see RankControl). Epochs
 //     start at 0 in a fresh segment and only grow (64 bits never wrap), so nothing is re-armed
 //     and no stale value can pass for a new one. A peer can be at most one epoch ahead.
 //  4. Headers are checked at each call's first barrier: every rank compares every peer's
@@ -91,8 +92,10 @@ struct SegmentHeader {
 };
 
 struct alignas(kAlign) RankControl {
-  uint64_t arrived;  // the last barrier epoch this rank reached (rule 3)
-  int64_t pid;       // the rank's process id once it has mapped the segment (CPU liveness)
+  uint64_t arrived;      // the last barrier epoch this rank reached (rule 3)
+  int64_t pid;           // the rank's process id once it has mapped the segment (CPU liveness)
+  uint32_t arrived_low;  // CPU: the low 32 bits of `arrived`, stored after it: a futex word
+  uint32_t sleepers;     // CPU: waiters asleep on arrived_low, woken by this rank's next arrival
 };
 
 struct alignas(kAlign) CallHeader {
