@@ -157,6 +157,54 @@ def check_rank_order_bitwise(rank, world, case, out):
     assert torch.equal(out["head"][0][start:start + valid], hidden)
 
 
+def wide_partials(world, rows, H, seed):
+    """Partials whose fp32 sum depends on the order of the terms (sums of bf16 values of similar
+    size are exact in fp32): magnitudes 2^-12..2^12 apart, and in every row a few columns where
+    ranks 0 and 1 cancel a large value and rank 2 adds a normal one (V - V + c = c, while
+    c - V + V is c rounded to V's fp32 ulp); signed zeros planted besides."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(world):
+        scale = torch.pow(2.0, torch.randint(-12, 13, (rows, H), generator=g).float())
+        out.append(torch.randn(rows, H, generator=g) * scale)
+    if world > 2:
+        big = torch.randn(rows, 8, generator=g) * 2.0**20
+        out[0][:, :8], out[1][:, :8], out[2][:, :8] = big, -big, torch.randn(rows, 8, generator=g)
+    out = [p.to(torch.bfloat16) for p in out]
+    for p in out:
+        p[:, 8:16] = -0.0
+    return out
+
+
+def check_wide_range_sums(rank, world, group):
+    """The shm sums are the rank-order ones bit for bit on inputs where the order matters."""
+    T, n, H = 2 * world + 3, 4, 64
+    partials = wide_partials(world, T, H, seed=31)
+    total = rank_order_sum(partials)
+    if world > 2:
+        assert not torch.equal(total, rank_order_sum(partials[::-1])), "the data cannot tell orders apart"
+    assert torch.equal(ops.all_reduce(partials[rank], group), total)
+    assert torch.equal(ops.reduce_scatter(partials[rank], group), R.shard_tokens(total, rank, world))
+    i = random_inputs(T, n, H, seed=32)
+    proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
+    alone = ops.mhc_post_pre(total, i["residual"], i["post"], i["comb"], *proj)
+    stream = ops.mhc_post(total, i["residual"], i["post"], i["comb"])
+    rows = -(-T // world)
+    first, valid = rank * rows, min(rows, T - rank * rows)
+    for sharded in (True, False):
+        own = (lambda t: R.shard_tokens(t, rank, world)) if sharded else (lambda t: t)  # noqa: E731
+        got = ops.fused_layer(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]), *proj,
+                              group, sharded, T)
+        lo, hi = (first, first + valid) if sharded else (0, T)
+        for a, b in zip(got[:3], alone[:3]):
+            assert torch.equal(a[: hi - lo], b[lo:hi])
+        assert torch.equal(got[3], alone[3])
+        head = ops.fused_head(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]),
+                              i["head_fn"], i["head_scale"], i["head_base"], group, sharded, T)
+        assert torch.equal(head[1][: hi - lo], stream[lo:hi])
+        assert torch.equal(head[0], ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"]))
+
+
 def worker_fused_ops(rank, world, device_type="cpu"):
     """Every fused op and collective on this rank vs the reference (computed on CPU); on CPU on
     the shm and the gloo transport, compared with each other. Returns (cases checked, digests of
@@ -186,6 +234,8 @@ def worker_fused_ops(rank, world, device_type="cpu"):
             if not case[4]:
                 replicated.append(digest([*outs["shm"]["layer"], *outs["shm"]["head"], outs["shm"]["all_reduce"]]))
         checked += 1
+    if "shm" in groups:
+        check_wide_range_sums(rank, world, groups["shm"])
     fp32 = partials_for(world, 9, 8, seed=7)
     fp32 = [p.float() for p in fp32]
     for g in groups.values():
