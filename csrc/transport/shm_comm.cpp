@@ -2,10 +2,12 @@
 // shared-memory workspace (shm_workspace.h; protocol in mhc_sp/boundary_protocol.h).
 //
 // fused_layer, sharded, on rank r of W (S = ceil(num_tokens / W) rows per shard):
-//   1. copy the partial's num_tokens rows into this rank's slot; barrier (+ header check)
+//   1. copy the partial's num_tokens rows, but for this rank's own tokens, into this rank's
+//      slot; barrier (+ header check)
 //   2. post+pre over this rank's real rows, the kernel reading x as the rank-order fp32 sum of
-//      every rank's partial rows [r*S, r*S + rows) straight from their slots; layer_input is
-//      written into this rank's slot; padding rows of the stream outputs are zeros
+//      every rank's partial rows [r*S, r*S + rows), straight from the peers' slots and from the
+//      rank's own partial; layer_input is written into this rank's slot; padding rows of the
+//      stream outputs are zeros
 //   3. barrier; copy every rank's layer_input rows into the gathered (num_tokens, H) output.
 // Replicated: steps 1 and 2 over all rows, outputs kept local, one barrier.
 
@@ -164,7 +166,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
                           at::kBFloat16);
     {
       MHC_SP_NVTX_PHASE("fused_layer/exchange");
-      copy_bytes(call.in(), a.partial.const_data_ptr(), tokens * s.H * 2);
+      publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
       call.publish();
     }
     const auto f32 = a.residual.options().dtype(at::kFloat);
@@ -175,7 +177,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     {
       MHC_SP_NVTX_PHASE("fused_layer/post_pre");
       if (valid > 0) {
-        const auto parts = shard_parts(call, a.sharded ? rows : 0, s.H);
+        const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
         BFloat16* out = a.sharded ? bf16(call.out()) : layer_input.data_ptr<BFloat16>();
         cpu_kernels().mhc_post_pre(
             post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts),
@@ -204,7 +206,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
                           at::kBFloat16);
     {
       MHC_SP_NVTX_PHASE("fused_head/exchange");
-      copy_bytes(call.in(), a.partial.const_data_ptr(), tokens * s.H * 2);
+      publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
       call.publish();
     }
     Tensor residual_out = at::empty_like(a.residual);
@@ -212,7 +214,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     {
       MHC_SP_NVTX_PHASE("fused_head/post_head");
       if (valid > 0) {
-        const auto parts = shard_parts(call, a.sharded ? rows : 0, s.H);
+        const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
         cpu_kernels().mhc_post(post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
         BFloat16* out = a.sharded ? bf16(call.out()) : hidden.data_ptr<BFloat16>();
         cpu_kernels().hc_head(residual_out.const_data_ptr<BFloat16>(),
@@ -231,11 +233,31 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   }
 
  private:
-  // Every rank's partial rows of this rank's tokens (from row rank * shard_rows), in rank order.
-  std::vector<const BFloat16*> shard_parts(const Call& call, int64_t shard_rows, int64_t H) const {
+  // The partial's first `tokens` rows into this rank's slot, for the peers: all of them when
+  // replicated (shard_rows == 0), else all but this rank's own `valid` rows (it reads those from
+  // the partial itself).
+  void publish_partial(Call& call, const Tensor& partial, int64_t tokens, int64_t shard_rows,
+                       int64_t valid) const {
+    const int64_t row_bytes = partial.size(1) * 2;
+    const auto* src = static_cast<const uint8_t*>(partial.const_data_ptr());
+    const int64_t own = std::min(ws_.rank() * shard_rows, tokens);
+    const int64_t own_end = shard_rows ? own + valid : 0;
+    copy_bytes(call.in(), src, (shard_rows ? own : tokens) * row_bytes);
+    if (shard_rows) {
+      copy_bytes(call.in() + own_end * row_bytes, src + own_end * row_bytes,
+                 (tokens - own_end) * row_bytes);
+    }
+  }
+
+  // Every rank's partial rows of this rank's tokens (from row rank * shard_rows), in rank order:
+  // the peers' from their slots, this rank's own from its partial.
+  std::vector<const BFloat16*> shard_parts(const Call& call, const Tensor& partial,
+                                           int64_t shard_rows, int64_t H) const {
     std::vector<const BFloat16*> parts;
-    for (int64_t r = 0; r < call.world(); ++r)
-      parts.push_back(bf16(call.peer_in(r)) + ws_.rank() * shard_rows * H);
+    for (int64_t r = 0; r < call.world(); ++r) {
+      const BFloat16* base = r == ws_.rank() ? partial.const_data_ptr<BFloat16>() : bf16(call.peer_in(r));
+      parts.push_back(base + ws_.rank() * shard_rows * H);
+    }
     return parts;
   }
 
