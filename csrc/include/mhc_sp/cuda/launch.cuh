@@ -97,11 +97,4 @@ inline PreArgs pre_args(const PreParams& p) {
 }
 
 
-// The entry points of the kernel table, one translation unit each (csrc/cuda/*.cu).
-void mhc_post(const PostParams& p);
-void mhc_pre(const BFloat16* residual, const PreParams& p);
-void mhc_post_pre(const PostParams& q, const PreParams& p);
-void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);
-void hc_head(const BFloat16* residual, const PreParams& p);
-
 }  // namespace mhc_sp::cuda
