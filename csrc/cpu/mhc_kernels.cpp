@@ -204,25 +204,32 @@ constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of
 constexpr int64_t kSplitSpans = 8;   // leaves per decode work item
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
-// out[j] = lane_sum(v[j]) for j < 8, with three horizontal adds on AVX2.
-inline void lane_sums8(const Vec* v, float* out) {
+// out[j] = lane_sum of the vector at v + j * kV, for j < 8 (three horizontal adds on AVX2).
+inline void lane_sums8(const float* v, float* out) {
 #if defined(CPU_CAPABILITY_AVX2)
-  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+  auto at = [&](int j) { return _mm256_loadu_ps(v + j * kV); };
+  const __m256 a = _mm256_hadd_ps(at(0), at(1)), b = _mm256_hadd_ps(at(2), at(3));
+  const __m256 c = _mm256_hadd_ps(at(4), at(5)), d = _mm256_hadd_ps(at(6), at(7));
   const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // per 128-bit half
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20),
                                       _mm256_permute2f128_ps(ab, cd, 0x31)));
 #else
-  for (int j = 0; j < 8; ++j) out[j] = lane_sum(v[j]);
+  for (int j = 0; j < 8; ++j) out[j] = lane_sum(Vec::loadu(v + j * kV));
 #endif
 }
 
-// v[0] + v[stride] + ... + v[(count-1)*stride], split at the largest power of two below count.
-inline float tree_sum(const float* v, int64_t count, int64_t stride) {
-  if (count == 1) return v[0];
-  int64_t half = 1;
-  while (2 * half < count) half *= 2;
-  return tree_sum(v, half, stride) + tree_sum(v + half * stride, count - half, stride);
+// Adds `count` arrays of `width` floats, `stride` apart, pairwise into the first: level by level,
+// array j absorbs array j + step for every j that is a multiple of 2 * step. The tree depends only
+// on count (it splits at the largest power of two below count), each of the `width` sums follows it,
+// and the additions run across the width, vectorised. The arrays are overwritten.
+inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
+  for (int64_t step = 1; step < count; step *= 2) {
+    for (int64_t j = 0; j + step < count; j += 2 * step) {
+      float* a = v + j * stride;
+      const float* b = a + step * stride;
+      for (int64_t e = 0; e < width; ++e) a[e] += b[e];
+    }
+  }
 }
 
 // Sum of squares of n bf16 rows over [h0, h1) in the order post_span<N, true> uses for the rows it
@@ -248,12 +255,13 @@ float rows_squares(const BFloat16* const* rows, int64_t n, int64_t h0, int64_t h
   return lane_sum(sq) + tail;
 }
 
-// One leaf of a TR x MR tile: acc[r * astride + m] = lanes of X_r . f_m over `len` positions of each
+// One leaf of a TR x MR tile: the vector at acc + (r * astride + m) * kV gets the lanes of X_r . f_m
+// over `len` positions of each
 // of `streams` streams (token r, stream i at xs[r * streams + i]; row m, stream i at
 // f + m * fstride + i * sstride). X is bf16, widened in registers, never staged as fp32.
 template <int TR, int MR>
 inline void leaf_tile(const BFloat16* const* xs, int64_t streams, const float* f, int64_t fstride,
-                      int64_t sstride, int64_t len, Vec* acc, int64_t astride) {
+                      int64_t sstride, int64_t len, float* acc, int64_t astride) {
   Vec a[TR][MR];
   for (int r = 0; r < TR; ++r)
     for (int m = 0; m < MR; ++m) a[r][m] = Vec(0.f);
@@ -279,19 +287,23 @@ inline void leaf_tile(const BFloat16* const* xs, int64_t streams, const float* f
     }
   }
   for (int r = 0; r < TR; ++r)
-    for (int m = 0; m < MR; ++m) acc[r * astride + m] = a[r][m];
+    for (int m = 0; m < MR; ++m) a[r][m].store(acc + (r * astride + m) * kV);
 }
 
 // Rows [m, m + MR) of the leaf for every token: token pairs, then a single one. 2 tokens x 6 rows
 // = 12 independent accumulators hide the FMA latency within 16 vector registers.
 template <int MR>
 inline void leaf_rows(const BFloat16* const* xs, int tb, int64_t streams, const float* f,
-                      int64_t fstride, int64_t sstride, int64_t len, Vec* acc, int64_t astride) {
+                      int64_t fstride, int64_t sstride, int64_t len, float* acc, int64_t astride) {
   int r = 0;
-  for (; r + 2 <= tb; r += 2)
-    leaf_tile<2, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride, astride);
-  for (; r < tb; ++r)
-    leaf_tile<1, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride, astride);
+  for (; r + 2 <= tb; r += 2) {
+    leaf_tile<2, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride * kV,
+                     astride);
+  }
+  for (; r < tb; ++r) {
+    leaf_tile<1, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride * kV,
+                     astride);
+  }
 }
 
 // The projection leaves of tokens [0, tb) over hidden positions [h0, h0 + len):
@@ -300,22 +312,22 @@ void project_leaf(const PreParams& p, int64_t streams, const BFloat16* const* xs
                   int64_t h0, int64_t len, float* leaves, int64_t token_stride) {
   const int64_t rows = p.rows, fstride = streams * p.H;
   const float* f = p.fn + h0;
-  Vec acc[kTokenBlock * kMaxRows];
+  float acc[kTokenBlock * kMaxRows * kV];  // token r, row m: the vector at (r * rows + m) * kV
   int64_t m = 0;
   for (; m + 6 <= rows; m += 6)
-    leaf_rows<6>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m, rows);
+    leaf_rows<6>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
   for (; m + 4 <= rows; m += 4)
-    leaf_rows<4>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m, rows);
+    leaf_rows<4>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
   for (; m + 2 <= rows; m += 2)
-    leaf_rows<2>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m, rows);
+    leaf_rows<2>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
   for (; m < rows; ++m)
-    leaf_rows<1>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m, rows);
+    leaf_rows<1>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
   for (int r = 0; r < tb; ++r) {
-    const Vec* a = acc + r * rows;
+    const float* a = acc + r * rows * kV;
     float* out = leaves + r * token_stride;
     int64_t g = 0;
-    for (; g + 8 <= rows; g += 8) lane_sums8(a + g, out + g);
-    for (; g < rows; ++g) out[g] = lane_sum(a[g]);
+    for (; g + 8 <= rows; g += 8) lane_sums8(a + g * kV, out + g);
+    for (; g < rows; ++g) out[g] = lane_sum(Vec::loadu(a + g * kV));
   }
 }
 
@@ -384,18 +396,18 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   for (; h < H; ++h) round_bf16(static_cast<float>(out[h]) * inv * norm_weight[h], out + h);
 }
 
-// Tokens [t0, t0 + tb) from their leaves: mix and squares (tree_sum over spans), the coefficients,
-// then the collapse of token t's rows `stream_row(t, i)` into p.out.
+// Tokens [t0, t0 + tb) from their leaves (consumed): mix and squares (tree_sum over spans), the
+// coefficients, then the collapse of token t's rows `stream_row(t, i)` into p.out.
 template <typename StreamRow>
 void finish_tokens(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
-                   const float* leaves, StreamRow&& stream_row) {
+                   float* leaves, StreamRow&& stream_row) {
   const float count = static_cast<float>(streams * p.H);
   for (int r = 0; r < tb; ++r) {
     const int64_t t = t0 + r;
-    const float* leaf = leaves + r * L.token_stride;
-    float mix[kMaxRows], pre[kMaxHcMult];
-    for (int64_t m = 0; m < p.rows; ++m) mix[m] = tree_sum(leaf + m, L.spans, L.stride);
-    const float squares = tree_sum(leaf + p.rows, L.spans, L.stride);
+    const float* mix = leaves + r * L.token_stride;
+    tree_sum(leaves + r * L.token_stride, L.spans, L.stride, L.stride);
+    const float squares = mix[p.rows];
+    float pre[kMaxHcMult];
     const float inv_rms = 1.0f / std::sqrt(squares / count + p.s.rms_eps);
     if (p.post) {
       mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
