@@ -100,17 +100,15 @@ inline float round_bf16(float v, BFloat16* dst) {
   return static_cast<float>(*dst);
 }
 
-// mhc_post for one token over hidden range [h0, h1). With kSquares, also returns the sum of
-// squares of the bf16-rounded outputs (what the following pre normalises by in mhc_post_pre).
-template <int N, bool kSquares>
-float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
+// mhc_post for one token over hidden range [h0, h1).
+template <int N>
+void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
                 const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
   // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN select.
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = broadcast_coefficient(post[j]);
   for (int i = 0; i < N; ++i)
     for (int j = 0; j < N; ++j) cv[i][j] = broadcast_coefficient(comb[i * N + j]);
-  Vec sq(0.f);
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
     Vec xa, xb, ra[N], rb[N];
@@ -123,20 +121,16 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
       store16<false>(out + j * H + h, oa, ob);
-      if constexpr (kSquares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
     }
   }
-  float sq_tail = 0.f;
   for (; h < h1; ++h) {
     const float xv = static_cast<float>(x[h]);
     for (int j = 0; j < N; ++j) {
       float o = post[j] * xv;
       for (int i = 0; i < N; ++i) o += comb[i * N + j] * static_cast<float>(res[i * H + h]);
-      const float r = round_bf16(o, out + j * H + h);
-      sq_tail += r * r;
+      out[j * H + h] = BFloat16(o);
     }
   }
-  return kSquares ? lane_sum(sq) + sq_tail : 0.f;
 }
 
 void mhc_post(const PostParams& p) {
@@ -148,7 +142,7 @@ void mhc_post(const PostParams& p) {
     at::parallel_for(0, p.T * spans, grain, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t t = w / spans, h0 = (w % spans) * kPostSpan;
-        post_span<N, false>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
+        post_span<N>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
                      p.comb + t * N * N, p.residual_out + t * N * p.H, h0,
                      std::min(p.H, h0 + kPostSpan));
       }
@@ -232,103 +226,106 @@ inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
   }
 }
 
-// Sum of squares of n bf16 rows over [h0, h1) in the order post_span<N, true> uses for the rows it
-// writes (16 positions at a time, rows inner, lanes as load16 fills them), so that mhc_post_pre's
-// pre is bitwise mhc_pre of its own output.
-float rows_squares(const BFloat16* const* rows, int64_t n, int64_t h0, int64_t h1) {
-  Vec sq(0.f);
-  int64_t h = h0;
-  for (; h + kV2 <= h1; h += kV2) {
-    for (int64_t i = 0; i < n; ++i) {
-      Vec a, b;
-      load16(rows[i] + h, a, b);
-      sq = at::vec::fmadd(a, a, at::vec::fmadd(b, b, sq));
+// Stream i's share of a leaf for a TR x MR tile: the vector at acc + (r * astride + m) * kV holds
+// the lanes of X_r . f_m, to which this adds (or, for the first stream, sets) the products over
+// `len` positions of token r's row x[r] and fn row m at f + m * fstride; with kSquares also the
+// squares of X_r, in the vector at acc + (r * astride + sq_slot) * kV. X is bf16, widened in
+// registers, never staged as fp32.
+template <int TR, int MR, bool kSquares>
+inline void leaf_tile(const BFloat16* const* x, const float* f, int64_t fstride, int64_t len,
+                      bool first, float* acc, int64_t astride, int64_t sq_slot) {
+  Vec a[TR][MR], sq[TR];
+  for (int r = 0; r < TR; ++r) {
+    for (int m = 0; m < MR; ++m) a[r][m] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + m) * kV);
+    if constexpr (kSquares) sq[r] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + sq_slot) * kV);
+  }
+  int64_t k = 0;
+  for (; k + kV <= len; k += kV) {
+    Vec xv[TR];
+    for (int r = 0; r < TR; ++r) {
+      xv[r] = widen8(x[r] + k);
+      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Vec fv = load_once(f + m * fstride + k);
+      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
     }
   }
-  float tail = 0.f;
-  for (; h < h1; ++h) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = static_cast<float>(rows[i][h]);
-      tail += v * v;
+  if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
+    const int rest = static_cast<int>(len - k);
+    Vec xv[TR];
+    for (int r = 0; r < TR; ++r) {
+      xv[r] = widen_partial(x[r] + k, rest);
+      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Vec fv = Vec::loadu(f + m * fstride + k, rest);
+      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
     }
   }
-  return lane_sum(sq) + tail;
-}
-
-// One leaf of a TR x MR tile: the vector at acc + (r * astride + m) * kV gets the lanes of X_r . f_m
-// over `len` positions of each
-// of `streams` streams (token r, stream i at xs[r * streams + i]; row m, stream i at
-// f + m * fstride + i * sstride). X is bf16, widened in registers, never staged as fp32.
-template <int TR, int MR>
-inline void leaf_tile(const BFloat16* const* xs, int64_t streams, const float* f, int64_t fstride,
-                      int64_t sstride, int64_t len, float* acc, int64_t astride) {
-  Vec a[TR][MR];
-  for (int r = 0; r < TR; ++r)
-    for (int m = 0; m < MR; ++m) a[r][m] = Vec(0.f);
-  for (int64_t i = 0; i < streams; ++i) {
-    const float* fi = f + i * sstride;
-    int64_t k = 0;
-    for (; k + kV <= len; k += kV) {
-      Vec xv[TR];
-      for (int r = 0; r < TR; ++r) xv[r] = widen8(xs[r * streams + i] + k);
-      for (int m = 0; m < MR; ++m) {
-        const Vec fv = load_once(fi + m * fstride + k);
-        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-      }
-    }
-    if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
-      const int rest = static_cast<int>(len - k);
-      Vec xv[TR];
-      for (int r = 0; r < TR; ++r) xv[r] = widen_partial(xs[r * streams + i] + k, rest);
-      for (int m = 0; m < MR; ++m) {
-        const Vec fv = Vec::loadu(fi + m * fstride + k, rest);
-        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-      }
-    }
-  }
-  for (int r = 0; r < TR; ++r)
+  for (int r = 0; r < TR; ++r) {
     for (int m = 0; m < MR; ++m) a[r][m].store(acc + (r * astride + m) * kV);
+    if constexpr (kSquares) sq[r].store(acc + (r * astride + sq_slot) * kV);
+  }
 }
 
-// Rows [m, m + MR) of the leaf for every token: token pairs, then a single one. 2 tokens x 6 rows
-// = 12 independent accumulators hide the FMA latency within 16 vector registers.
-template <int MR>
-inline void leaf_rows(const BFloat16* const* xs, int tb, int64_t streams, const float* f,
-                      int64_t fstride, int64_t sstride, int64_t len, float* acc, int64_t astride) {
+// Rows [m, m + MR) for every token: token pairs, then a single one. 2 tokens x 6 rows = 12
+// independent accumulators hide the FMA latency within 16 vector registers (2 x (4 + squares)
+// for the tile that also sums the squares).
+template <int MR, bool kSquares = false>
+inline void leaf_rows(const BFloat16* const* x, int tb, const float* f, int64_t fstride,
+                      int64_t len, bool first, float* acc, int64_t astride, int64_t sq_slot) {
   int r = 0;
   for (; r + 2 <= tb; r += 2) {
-    leaf_tile<2, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride * kV,
-                     astride);
+    leaf_tile<2, MR, kSquares>(x + r, f, fstride, len, first, acc + r * astride * kV, astride,
+                               sq_slot);
   }
   for (; r < tb; ++r) {
-    leaf_tile<1, MR>(xs + r * streams, streams, f, fstride, sstride, len, acc + r * astride * kV,
-                     astride);
+    leaf_tile<1, MR, kSquares>(x + r, f, fstride, len, first, acc + r * astride * kV, astride,
+                               sq_slot);
   }
 }
 
-// The projection leaves of tokens [0, tb) over hidden positions [h0, h0 + len):
-// leaves[r * token_stride + m] for every fn row m.
+// The leaves of tokens [0, tb) over hidden positions [h0, h0 + len): leaves[r * token_stride + m]
+// for every fn row m, and the sum of squares at m = rows; token r's row of stream i at
+// xs[r * streams + i]. Stream by stream, so that the fn rows a tile reads (fn rows are a multiple
+// of 4 KiB apart, and so share cache sets) stay in L1 while every token of the block passes over
+// them. The squares ride along with the first (at most 4) rows.
 void project_leaf(const PreParams& p, int64_t streams, const BFloat16* const* xs, int tb,
                   int64_t h0, int64_t len, float* leaves, int64_t token_stride) {
-  const int64_t rows = p.rows, fstride = streams * p.H;
-  const float* f = p.fn + h0;
-  float acc[kTokenBlock * kMaxRows * kV];  // token r, row m: the vector at (r * rows + m) * kV
-  int64_t m = 0;
-  for (; m + 6 <= rows; m += 6)
-    leaf_rows<6>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
-  for (; m + 4 <= rows; m += 4)
-    leaf_rows<4>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
-  for (; m + 2 <= rows; m += 2)
-    leaf_rows<2>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
-  for (; m < rows; ++m)
-    leaf_rows<1>(xs, tb, streams, f + m * fstride, fstride, p.H, len, acc + m * kV, rows);
-  for (int r = 0; r < tb; ++r) {
-    const float* a = acc + r * rows * kV;
-    float* out = leaves + r * token_stride;
-    int64_t g = 0;
-    for (; g + 8 <= rows; g += 8) lane_sums8(a + g * kV, out + g);
-    for (; g < rows; ++g) out[g] = lane_sum(Vec::loadu(a + g * kV));
+  const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
+  // token r, row m (m = rows: squares): the vector at (r * astride + m) * kV
+  float acc[kTokenBlock * (kMaxRows + 1) * kV];
+  const int64_t lead = std::min<int64_t>(rows, 4);
+  for (int64_t i = 0; i < streams; ++i) {
+    const BFloat16* x[kTokenBlock];
+    for (int r = 0; r < tb; ++r) x[r] = xs[r * streams + i];
+    const float* f = p.fn + i * p.H + h0;
+    const bool first = i == 0;
+    switch (lead) {
+      case 4: leaf_rows<4, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
+      case 3: leaf_rows<3, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
+      case 2: leaf_rows<2, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
+      default: leaf_rows<1, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
+    }
+    int64_t m = lead;
+    auto tiles = [&](auto mr) {
+      constexpr int MR = decltype(mr)::value;
+      leaf_rows<MR>(x, tb, f + m * fstride, fstride, len, first, acc + m * kV, astride, 0);
+      m += MR;
+    };
+    while (rows - m >= 6 && rows - m != 8) tiles(std::integral_constant<int, 6>{});
+    while (rows - m >= 4) tiles(std::integral_constant<int, 4>{});
+    while (rows - m >= 2) tiles(std::integral_constant<int, 2>{});
+    while (rows - m >= 1) tiles(std::integral_constant<int, 1>{});
   }
+  float sums[kTokenBlock * (kMaxRows + 1)];
+  const int64_t vectors = tb * astride;
+  int64_t g = 0;
+  for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
+  for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
+  for (int r = 0; r < tb; ++r)
+    for (int64_t m = 0; m < astride; ++m) leaves[r * token_stride + m] = sums[r * astride + m];
 }
 
 // Where one token's leaves live: [spans][rows + 1], the last entry of a span its sum of squares.
@@ -338,30 +335,40 @@ struct LeafLayout {
       : spans((p.H + kSpan - 1) / kSpan), stride(p.rows + 1), token_stride(spans * (p.rows + 1)) {}
 };
 
-// Leaves [c0, c1) of tokens [t0, t0 + tb): `produce(t, h0, h1)` makes token t's projected rows
-// ready over [h0, h1) (for mhc_post_pre: computes them) and returns their sum of squares;
-// `proj_row(t, i)` is token t's projected row i. leaves points at token t0's first leaf.
+// Leaves [c0, c1) of tokens [t0, t0 + tb); leaves points at token t0's first leaf. First, token by
+// token, `produce(t, h0, h1)` makes token t's projected rows `proj_row(t, i)` ready over [h0, h1)
+// (mhc_post_pre: runs the post; a no-op when they are the input); then leaf by leaf the projection,
+// prefetching the next leaf's rows (input rows are read here for the first time, in runs of one
+// leaf per token and stream: too many streams for the hardware prefetcher to follow).
 template <typename Produce, typename ProjRow>
 void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
                     int64_t c0, int64_t c1, float* leaves, Produce&& produce, ProjRow&& proj_row) {
+  for (int r = 0; r < tb; ++r) produce(t0 + r, c0 * kSpan, std::min(p.H, c1 * kSpan));
   const BFloat16* xs[kTokenBlock * kMaxHcMult];
-  for (int64_t c = c0; c < c1; ++c) {
+  for (int r = 0; r < tb; ++r)
+    for (int64_t i = 0; i < streams; ++i) xs[r * streams + i] = proj_row(t0 + r, i);
+  auto prefetch_leaf = [&](int64_t c) {
     const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
-    float* leaf = leaves + c * L.stride;
-    for (int r = 0; r < tb; ++r) {
-      leaf[r * L.token_stride + p.rows] = produce(t0 + r, h0, h0 + len);
-      for (int64_t i = 0; i < streams; ++i) xs[r * streams + i] = proj_row(t0 + r, i) + h0;
-    }
-    project_leaf(p, streams, xs, tb, h0, len, leaf, L.token_stride);
+    for (int64_t j = 0; j < tb * streams; ++j)
+      for (int64_t h = 0; h < len; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h0 + h);
+  };
+  prefetch_leaf(c0);
+  for (int64_t c = c0; c < c1; ++c) {
+    if (c + 1 < c1) prefetch_leaf(c + 1);
+    const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
+    const BFloat16* x[kTokenBlock * kMaxHcMult];
+    for (int64_t j = 0; j < tb * streams; ++j) x[j] = xs[j] + h0;
+    project_leaf(p, streams, x, tb, h0, len, leaves + c * L.stride, L.token_stride);
   }
 }
 
-// out = bf16(sum_i pre[i] * stream_i), then optionally the fused RMSNorm on float(out).
+// out = bf16(sum_i pre[i] * stream_i), then with kNorm the fused RMSNorm on float(out).
+template <bool kNorm>
 void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64_t H,
               const float* norm_weight, float norm_eps, BFloat16* out) {
   Vec pv[kMaxHcMult];
   for (int64_t i = 0; i < n; ++i) pv[i] = Vec(pre[i]);
-  Vec sq(0.f);
+  Vec sqa(0.f), sqb(0.f);
   int64_t h = 0;
   for (; h + kV2 <= H; h += kV2) {
     Vec ya(0.f), yb(0.f);
@@ -372,7 +379,10 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
       yb = at::vec::fmadd(pv[i], b, yb);
     }
     store16(out + h, ya, yb);
-    sq = at::vec::fmadd(ya, ya, at::vec::fmadd(yb, yb, sq));
+    if constexpr (kNorm) {
+      sqa = at::vec::fmadd(ya, ya, sqa);
+      sqb = at::vec::fmadd(yb, yb, sqb);
+    }
   }
   float sq_tail = 0.f;
   for (; h < H; ++h) {
@@ -381,8 +391,8 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
     const float r = round_bf16(y, out + h);
     sq_tail += r * r;
   }
-  if (!norm_weight) return;
-  const float total = lane_sum(sq) + sq_tail;
+  if constexpr (!kNorm) return;
+  const float total = lane_sum(sqa + sqb) + sq_tail;
   const float inv = 1.0f / std::sqrt(total / static_cast<float>(H) + norm_eps);
   const Vec iv(inv);
   for (h = 0; h + kV2 <= H; h += kV2) {
@@ -417,7 +427,11 @@ void finish_tokens(const PreParams& p, const LeafLayout& L, int64_t streams, int
     }
     const BFloat16* rows[kMaxHcMult];
     for (int64_t i = 0; i < p.n; ++i) rows[i] = stream_row(t, i);
-    collapse(rows, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+    if (p.norm_weight) {
+      collapse<true>(rows, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+    } else {
+      collapse<false>(rows, pre, p.n, p.H, nullptr, 0.f, p.out + t * p.H);
+    }
   }
 }
 
@@ -459,12 +473,7 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
 // mhc_pre and hc_head (rows = n, no post/comb): project and collapse the input stream itself.
 void pre_from_stream(const BFloat16* residual, const PreParams& p) {
   auto row = [&](int64_t t, int64_t i) { return residual + (t * p.n + i) * p.H; };
-  auto squares = [&](int64_t t, int64_t h0, int64_t h1) {
-    const BFloat16* rows[kMaxHcMult];
-    for (int64_t i = 0; i < p.n; ++i) rows[i] = row(t, i);
-    return rows_squares(rows, p.n, h0, h1);
-  };
-  pre_tokens(p, p.n, squares, row, row);
+  pre_tokens(p, p.n, [](int64_t, int64_t, int64_t) {}, row, row);
 }
 
 void mhc_pre(const BFloat16* residual, const PreParams& p) { pre_from_stream(residual, p); }
@@ -476,8 +485,8 @@ void mhc_post_pre(const PostParams& q, const PreParams& p) {
     constexpr int N = decltype(n_const)::value;
     auto out_row = [&](int64_t t, int64_t i) { return q.residual_out + (t * N + i) * p.H; };
     auto post = [&](int64_t t, int64_t h0, int64_t h1) {
-      return post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                                q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h1);
+      post_span<N>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N, q.comb + t * N * N,
+                   q.residual_out + t * N * p.H, h0, h1);
     };
     pre_tokens(p, N, post, out_row, out_row);
   });
@@ -488,8 +497,6 @@ void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParam
   auto broadcast = [&](int64_t t, int64_t h0, int64_t h1) {
     for (int64_t i = 0; i < p.n; ++i)
       std::copy(x_row(t, i) + h0, x_row(t, i) + h1, residual_out + (t * p.n + i) * p.H + h0);
-    const BFloat16* rows[1] = {x_row(t, 0)};
-    return rows_squares(rows, 1, h0, h1);
   };
   pre_tokens(p, 1, broadcast, x_row, x_row);
 }
