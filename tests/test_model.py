@@ -231,7 +231,7 @@ def token_cases(world, threshold):
 
 
 def worker_tp_vs_sp_vs_tp1(rank, world, threshold):
-    from mhc_sp.reference import shard_rows
+    from mhc_sp.ops import shard_rows
     from mhc_sp.runner import init_parallel_groups
 
     torch.manual_seed(0)

@@ -105,7 +105,7 @@ def worker_pipeline(rank, world):
     import torch.distributed as dist
 
     from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
-    from mhc_sp.reference import shard_rows
+    from mhc_sp.ops import shard_rows
 
     cfg = ModelConfig.tiny(num_layers=3)  # stage 0: layers 0-1, stage 1: layer 2 + MTP
     layers = cfg.num_layers + cfg.num_mtp_layers

@@ -8,9 +8,10 @@ import torch
 
 from .. import reference as R
 from ..launch import run_world
+from ..testing import random_inputs
 from . import report
 from ..profiling import phase, profiled
-from .ops_cmd import add_common_args, int_list
+from .flags import add_common_args, int_list
 from .timing import rank_device, time_across_ranks
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
@@ -47,7 +48,7 @@ def _worker(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: in
     out = []
     with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
         for T in tokens:
-            i = R.random_inputs(T, n, H, seed=0, device=device)
+            i = random_inputs(T, n, H, seed=0, device=device)
             gen = torch.Generator().manual_seed(1 + rank)
             partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
             for name, fn in boundary_paths(i, partial, rank, world, group, T).items():

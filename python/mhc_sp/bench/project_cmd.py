@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import report
-from .ops_cmd import int_list
+from .flags import int_list
 
 
 @dataclass(frozen=True)

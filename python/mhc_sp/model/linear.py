@@ -8,13 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from ..reference import rms_norm
 from .parallel import TPContext, capturing, make_param
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last dim with fp32 math and bf16 output (the ops' norm semantics)."""
-    y = x.float()
-    return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
 
 
 class RMSNorm(nn.Module):

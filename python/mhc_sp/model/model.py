@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops import shard_rows
 from ..config import ModelConfig
-from ..reference import shard_rows
 from .layer import DeepseekV4DecoderLayer
 from .linear import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .mhc import HyperConnection, HyperHead, MhcStream
