@@ -28,9 +28,9 @@ import torch
 
 import mhc_sp
 from mhc_sp import ops
-from mhc_sp import reference as R
 from mhc_sp.bench.timing import time_calls
 from mhc_sp.config import MhcConfig
+from mhc_sp.testing import BF16_TOL, random_inputs
 
 SHAPES = [(256, 4096), (16, 7168), (1, 4096)]
 OPS = ["post", "pre", "post_pre", "head"]
@@ -69,7 +69,7 @@ def check_same_math(op: str, ours, theirs) -> float:
     theirs = theirs if isinstance(theirs, tuple) else (theirs,)
     a = ours[{"post": 0, "pre": 2, "post_pre": 3, "head": 0}[op]]
     b = theirs[0]
-    torch.testing.assert_close(a.float(), b.float(), **R.BF16_TOL)
+    torch.testing.assert_close(a.float(), b.float(), **BF16_TOL)
     return (a.float() - b.float()).abs().max().item()
 
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     names = args.ops.split(",")
     rows = []
     for T, H in SHAPES:
-        i = R.random_inputs(T, CFG.hc_mult, H, seed=T + H)
+        i = random_inputs(T, CFG.hc_mult, H, seed=T + H)
         pairs = calls(i, peer, CFG.hc_mult)
         for op in names:
             ours, theirs = pairs[op]

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mhc_sp import compat, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.reference import assert_close
+from mhc_sp.testing import assert_close, random_inputs
 
 CFG = MhcConfig()
 LEAD = (2, 3)  # DeepSeek's [batch, seq] in front of (n, H)
@@ -19,7 +19,7 @@ S = (CFG.rms_eps, CFG.hc_pre_eps, CFG.hc_sinkhorn_eps, CFG.hc_post_mult, CFG.sin
 @pytest.fixture(scope="module")
 def i():
     """Inputs with the engines' shapes: streams (b, s, n, H), post (b, s, n, 1)."""
-    flat = R.random_inputs(6, N, H, seed=11)
+    flat = random_inputs(6, N, H, seed=11)
     v = dict(flat)
     v["residual"] = flat["residual"].view(*LEAD, N, H)
     v["x"] = flat["x"].view(*LEAD, H)
@@ -99,8 +99,7 @@ def test_vllm_hc_head(i, scale_shape):
                          i["head_base"], CFG.rms_eps, CFG.hc_eps)
     assert out.shape == (*LEAD, H)
     f = i["flat"]
-    exp = R.hc_head(f["residual"], f["head_fn"], f["head_scale"], f["head_base"], CFG.rms_eps,
-                    CFG.hc_eps)
+    exp = R.hc_head(f["residual"], f["head_fn"], f["head_scale"], f["head_base"], CFG)
     assert_close(out.reshape(-1, H), exp)
 
 
@@ -152,7 +151,8 @@ def test_sglang_hc_head_fused_cpu_takes_a_0d_scale(i):
     f = i["flat"]
     out = compat.hc_head_fused_cpu(f["residual"], f["head_fn"], f["head_scale"].reshape(()),
                                    f["head_base"], 1e-5, 1e-4)  # (hc_eps, norm_eps)
-    exp = R.hc_head(f["residual"], f["head_fn"], f["head_scale"], f["head_base"], 1e-4, 1e-5)
+    exp = R.hc_head(f["residual"], f["head_fn"], f["head_scale"], f["head_base"],
+                    MhcConfig(rms_eps=1e-4, hc_eps=1e-5))
     assert_close(out, exp)
     assert torch.equal(out, ops.hc_head(f["residual"], f["head_fn"], f["head_scale"],
                                         f["head_base"], MhcConfig(rms_eps=1e-4, hc_eps=1e-5)))
@@ -183,7 +183,7 @@ def test_wrong_dtypes(i):
 
 def test_mismatched_hc_mult(i):
     f = i["flat"]
-    two = R.random_inputs(6, 2, H, seed=1)
+    two = random_inputs(6, 2, H, seed=1)
     with pytest.raises(ValueError, match=r"^fn: expected size 8 at dim 0"):
         compat.mhc_pre(two["residual"], f["fn"], f["scale"], f["base"], *S)
     with pytest.raises(ValueError, match=r"^post_layer_mix: expected shape \(\.\.\., hc_mult, 1\)"):
