@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=5, help="repeats of the whole comparison")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per callable per trial")
     ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--shapes", default=",".join(f"{T}x{H}" for T, H in SHAPES),
+                    help="TxH,... (tokens x hidden)")
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args(argv)
 
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
     cpu = torch.device("cpu")
     names = args.ops.split(",")
     rows = []
-    for T, H in SHAPES:
+    for T, H in (map(int, s.split("x")) for s in args.shapes.split(",")):
         i = random_inputs(T, CFG.hc_mult, H, seed=T + H)
         pairs = calls(i, peer, CFG.hc_mult)
         for op in names:
