@@ -196,6 +196,7 @@ inline Vec load_once(const float* p) {
 
 constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of kV2)
 constexpr int64_t kSplitSpans = 8;   // leaves per decode work item
+constexpr int64_t kParallelMacs = int64_t{1} << 17;  // smaller decode projections run on one thread
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
 // out[j] = lane_sum of the vector at v + j * kV, for j < 8 (three horizontal adds on AVX2).
@@ -226,41 +227,46 @@ inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
   }
 }
 
-// Stream i's share of a leaf for a TR x MR tile: the vector at acc + (r * astride + m) * kV holds
-// the lanes of X_r . f_m, to which this adds (or, for the first stream, sets) the products over
-// `len` positions of token r's row x[r] and fn row m at f + m * fstride; with kSquares also the
-// squares of X_r, in the vector at acc + (r * astride + sq_slot) * kV. X is bf16, widened in
-// registers, never staged as fp32.
+// Streams [i0, i0 + ns) of a leaf for a TR x MR tile: the vector at acc + (r * astride + m) * kV
+// holds the lanes of X_r . f_m, to which this adds (or, with `first`, sets) the products over `len`
+// positions of token r's rows x[r * ns + i] and fn row m of stream i0 + i at f + m * fstride +
+// i * sstride, stream by stream; with kSquares also the squares of X_r, in the vector at
+// acc + (r * astride + sq_slot) * kV. X is bf16, widened in registers, never staged as fp32. Which
+// streams one call covers changes nothing but the loads and stores of acc: the adds are the same.
 template <int TR, int MR, bool kSquares>
-inline void leaf_tile(const BFloat16* const* x, const float* f, int64_t fstride, int64_t len,
-                      bool first, float* acc, int64_t astride, int64_t sq_slot) {
+inline void leaf_tile(const BFloat16* const* x, int64_t ns, const float* f, int64_t fstride,
+                      int64_t sstride, int64_t len, bool first, float* acc, int64_t astride,
+                      int64_t sq_slot) {
   Vec a[TR][MR], sq[TR];
   for (int r = 0; r < TR; ++r) {
     for (int m = 0; m < MR; ++m) a[r][m] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + m) * kV);
     if constexpr (kSquares) sq[r] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + sq_slot) * kV);
   }
-  int64_t k = 0;
-  for (; k + kV <= len; k += kV) {
-    Vec xv[TR];
-    for (int r = 0; r < TR; ++r) {
-      xv[r] = widen8(x[r] + k);
-      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+  for (int64_t i = 0; i < ns; ++i) {
+    const float* fi = f + i * sstride;
+    int64_t k = 0;
+    for (; k + kV <= len; k += kV) {
+      Vec xv[TR];
+      for (int r = 0; r < TR; ++r) {
+        xv[r] = widen8(x[r * ns + i] + k);
+        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const Vec fv = load_once(fi + m * fstride + k);
+        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      }
     }
-    for (int m = 0; m < MR; ++m) {
-      const Vec fv = load_once(f + m * fstride + k);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-    }
-  }
-  if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
-    const int rest = static_cast<int>(len - k);
-    Vec xv[TR];
-    for (int r = 0; r < TR; ++r) {
-      xv[r] = widen_partial(x[r] + k, rest);
-      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
-    }
-    for (int m = 0; m < MR; ++m) {
-      const Vec fv = Vec::loadu(f + m * fstride + k, rest);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+    if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
+      const int rest = static_cast<int>(len - k);
+      Vec xv[TR];
+      for (int r = 0; r < TR; ++r) {
+        xv[r] = widen_partial(x[r * ns + i] + k, rest);
+        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const Vec fv = Vec::loadu(fi + m * fstride + k, rest);
+        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      }
     }
   }
   for (int r = 0; r < TR; ++r) {
@@ -273,59 +279,18 @@ inline void leaf_tile(const BFloat16* const* x, const float* f, int64_t fstride,
 // independent accumulators hide the FMA latency within 16 vector registers (2 x (4 + squares)
 // for the tile that also sums the squares).
 template <int MR, bool kSquares = false>
-inline void leaf_rows(const BFloat16* const* x, int tb, const float* f, int64_t fstride,
-                      int64_t len, bool first, float* acc, int64_t astride, int64_t sq_slot) {
+inline void leaf_rows(const BFloat16* const* x, int tb, int64_t ns, const float* f,
+                      int64_t fstride, int64_t sstride, int64_t len, bool first, float* acc,
+                      int64_t astride, int64_t sq_slot) {
   int r = 0;
   for (; r + 2 <= tb; r += 2) {
-    leaf_tile<2, MR, kSquares>(x + r, f, fstride, len, first, acc + r * astride * kV, astride,
-                               sq_slot);
+    leaf_tile<2, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
+                               acc + r * astride * kV, astride, sq_slot);
   }
   for (; r < tb; ++r) {
-    leaf_tile<1, MR, kSquares>(x + r, f, fstride, len, first, acc + r * astride * kV, astride,
-                               sq_slot);
+    leaf_tile<1, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
+                               acc + r * astride * kV, astride, sq_slot);
   }
-}
-
-// The leaves of tokens [0, tb) over hidden positions [h0, h0 + len): leaves[r * token_stride + m]
-// for every fn row m, and the sum of squares at m = rows; token r's row of stream i at
-// xs[r * streams + i]. Stream by stream, so that the fn rows a tile reads (fn rows are a multiple
-// of 4 KiB apart, and so share cache sets) stay in L1 while every token of the block passes over
-// them. The squares ride along with the first (at most 4) rows.
-void project_leaf(const PreParams& p, int64_t streams, const BFloat16* const* xs, int tb,
-                  int64_t h0, int64_t len, float* leaves, int64_t token_stride) {
-  const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
-  // token r, row m (m = rows: squares): the vector at (r * astride + m) * kV
-  float acc[kTokenBlock * (kMaxRows + 1) * kV];
-  const int64_t lead = std::min<int64_t>(rows, 4);
-  for (int64_t i = 0; i < streams; ++i) {
-    const BFloat16* x[kTokenBlock];
-    for (int r = 0; r < tb; ++r) x[r] = xs[r * streams + i];
-    const float* f = p.fn + i * p.H + h0;
-    const bool first = i == 0;
-    switch (lead) {
-      case 4: leaf_rows<4, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
-      case 3: leaf_rows<3, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
-      case 2: leaf_rows<2, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
-      default: leaf_rows<1, true>(x, tb, f, fstride, len, first, acc, astride, rows); break;
-    }
-    int64_t m = lead;
-    auto tiles = [&](auto mr) {
-      constexpr int MR = decltype(mr)::value;
-      leaf_rows<MR>(x, tb, f + m * fstride, fstride, len, first, acc + m * kV, astride, 0);
-      m += MR;
-    };
-    while (rows - m >= 6 && rows - m != 8) tiles(std::integral_constant<int, 6>{});
-    while (rows - m >= 4) tiles(std::integral_constant<int, 4>{});
-    while (rows - m >= 2) tiles(std::integral_constant<int, 2>{});
-    while (rows - m >= 1) tiles(std::integral_constant<int, 1>{});
-  }
-  float sums[kTokenBlock * (kMaxRows + 1)];
-  const int64_t vectors = tb * astride;
-  int64_t g = 0;
-  for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
-  for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
-  for (int r = 0; r < tb; ++r)
-    for (int64_t m = 0; m < astride; ++m) leaves[r * token_stride + m] = sums[r * astride + m];
 }
 
 // Where one token's leaves live: [spans][rows + 1], the last entry of a span its sum of squares.
@@ -335,11 +300,69 @@ struct LeafLayout {
       : spans((p.H + kSpan - 1) / kSpan), stride(p.rows + 1), token_stride(spans * (p.rows + 1)) {}
 };
 
+// Leaves [c0, c1) of tokens [0, tb), (c1 - c0) * tb <= kTokenBlock: leaf c of token r goes to
+// leaves[r * token_stride + c * stride + m] for every fn row m, and its sum of squares to m = rows;
+// token r's row of stream i at xs[r * streams + i]. Many tokens (a block): stream by stream, so
+// that the fn rows a tile reads (fn rows are a multiple of 4 KiB apart, and so share cache sets)
+// stay in L1 while every token passes over them. Few tokens (decode: fn is read once, from L2 or
+// L3): every stream in one pass per tile, in long runs over the leaves. The squares ride along
+// with the first (at most 4) rows.
+void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
+                    const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, float* leaves) {
+  const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
+  // leaf c, token r: slot (c - c0) * tb + r; row m of a slot (m = rows: squares) is the vector at
+  // (slot * astride + m) * kV
+  float acc[kTokenBlock * (kMaxRows + 1) * kV];
+  const int64_t lead = std::min<int64_t>(rows, 4);
+  const int64_t ns = tb <= kSplitHiddenTokens ? streams : 1;  // streams per pass
+  for (int64_t i0 = 0; i0 < streams; i0 += ns) {
+    const bool first = i0 == 0;
+    // Rows [m, m + MR) of every leaf and token (with kSquares, also the squares).
+    auto tiles = [&](int64_t m, auto mr, auto squares) {
+      constexpr int MR = decltype(mr)::value;
+      constexpr bool kSquares = decltype(squares)::value;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
+        const BFloat16* x[kTokenBlock * kMaxHcMult];
+        for (int r = 0; r < tb; ++r)
+          for (int64_t i = 0; i < ns; ++i) x[r * ns + i] = xs[r * streams + i0 + i] + h0;
+        leaf_rows<MR, kSquares>(x, tb, ns, p.fn + i0 * p.H + h0 + m * fstride, fstride, p.H, len,
+                                first, acc + ((c - c0) * tb * astride + m) * kV, astride, rows - m);
+      }
+    };
+    using std::integral_constant;
+    using Sq = integral_constant<bool, true>;
+    using NoSq = integral_constant<bool, false>;
+    switch (lead) {
+      case 4: tiles(0, integral_constant<int, 4>{}, Sq{}); break;
+      case 3: tiles(0, integral_constant<int, 3>{}, Sq{}); break;
+      case 2: tiles(0, integral_constant<int, 2>{}, Sq{}); break;
+      default: tiles(0, integral_constant<int, 1>{}, Sq{}); break;
+    }
+    int64_t m = lead;
+    for (; rows - m >= 6 && rows - m != 8; m += 6) tiles(m, integral_constant<int, 6>{}, NoSq{});
+    for (; rows - m >= 4; m += 4) tiles(m, integral_constant<int, 4>{}, NoSq{});
+    for (; rows - m >= 2; m += 2) tiles(m, integral_constant<int, 2>{}, NoSq{});
+    for (; rows - m >= 1; m += 1) tiles(m, integral_constant<int, 1>{}, NoSq{});
+  }
+  float sums[kTokenBlock * (kMaxRows + 1)];
+  const int64_t vectors = (c1 - c0) * tb * astride;
+  int64_t g = 0;
+  for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
+  for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
+  for (int64_t c = c0; c < c1; ++c) {
+    for (int r = 0; r < tb; ++r) {
+      const float* from = sums + ((c - c0) * tb + r) * astride;
+      std::copy(from, from + astride, leaves + r * L.token_stride + c * L.stride);
+    }
+  }
+}
+
 // Leaves [c0, c1) of tokens [t0, t0 + tb); leaves points at token t0's first leaf. First, token by
 // token, `produce(t, h0, h1)` makes token t's projected rows `proj_row(t, i)` ready over [h0, h1)
-// (mhc_post_pre: runs the post; a no-op when they are the input); then leaf by leaf the projection,
-// prefetching the next leaf's rows (input rows are read here for the first time, in runs of one
-// leaf per token and stream: too many streams for the hardware prefetcher to follow).
+// (mhc_post_pre: runs the post; a no-op when they are the input); then the projection, a few
+// leaves at a time, prefetching the next ones' rows (input rows are read here for the first time,
+// in runs of one leaf per token and stream: too many streams for the hardware prefetcher).
 template <typename Produce, typename ProjRow>
 void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
                     int64_t c0, int64_t c1, float* leaves, Produce&& produce, ProjRow&& proj_row) {
@@ -347,18 +370,17 @@ void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, in
   const BFloat16* xs[kTokenBlock * kMaxHcMult];
   for (int r = 0; r < tb; ++r)
     for (int64_t i = 0; i < streams; ++i) xs[r * streams + i] = proj_row(t0 + r, i);
-  auto prefetch_leaf = [&](int64_t c) {
-    const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
+  const int64_t per_call = std::max(1, kTokenBlock / tb);
+  auto prefetch = [&](int64_t b0, int64_t b1) {
+    const int64_t h0 = b0 * kSpan, h1 = std::min(p.H, b1 * kSpan);
     for (int64_t j = 0; j < tb * streams; ++j)
-      for (int64_t h = 0; h < len; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h0 + h);
+      for (int64_t h = h0; h < h1; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h);
   };
-  prefetch_leaf(c0);
-  for (int64_t c = c0; c < c1; ++c) {
-    if (c + 1 < c1) prefetch_leaf(c + 1);
-    const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
-    const BFloat16* x[kTokenBlock * kMaxHcMult];
-    for (int64_t j = 0; j < tb * streams; ++j) x[j] = xs[j] + h0;
-    project_leaf(p, streams, x, tb, h0, len, leaves + c * L.stride, L.token_stride);
+  prefetch(c0, std::min(c1, c0 + per_call));
+  for (int64_t b = c0; b < c1; b += per_call) {
+    const int64_t e = std::min(c1, b + per_call);
+    if (e < c1) prefetch(e, std::min(c1, e + per_call));
+    project_leaves(p, L, streams, xs, tb, b, e, leaves);
   }
 }
 
@@ -447,7 +469,9 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
     const int tb = static_cast<int>(p.T);
     std::vector<float> leaves(tb * L.token_stride);
     const int64_t groups = (L.spans + kSplitSpans - 1) / kSplitSpans;
-    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    // Waking the other threads costs more than a small projection (hc_head's 4 rows at T = 1).
+    const bool small = p.T * p.rows * streams * p.H < kParallelMacs;
+    at::parallel_for(0, groups, small ? groups : 1, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
         compute_leaves(p, L, streams, 0, tb, g * kSplitSpans,
                        std::min(L.spans, (g + 1) * kSplitSpans), leaves.data(), produce, proj_row);
