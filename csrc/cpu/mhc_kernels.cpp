@@ -376,10 +376,10 @@ void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, in
     for (int64_t j = 0; j < tb * streams; ++j)
       for (int64_t h = h0; h < h1; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h);
   };
-  prefetch(c0, std::min(c1, c0 + per_call));
+  prefetch(c0, std::min(c1, c0 + 2 * per_call));
   for (int64_t b = c0; b < c1; b += per_call) {
-    const int64_t e = std::min(c1, b + per_call);
-    if (e < c1) prefetch(e, std::min(c1, e + per_call));
+    const int64_t e = std::min(c1, b + per_call), ahead = std::min(c1, e + per_call);
+    if (ahead < c1) prefetch(ahead, std::min(c1, ahead + per_call));
     project_leaves(p, L, streams, xs, tb, b, e, leaves);
   }
 }
@@ -400,7 +400,7 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
       ya = at::vec::fmadd(pv[i], a, ya);
       yb = at::vec::fmadd(pv[i], b, yb);
     }
-    store16(out + h, ya, yb);
+    store16<false>(out + h, ya, yb);  // NaNs here come from bf16 inputs or the FPU (see bf16_bits)
     if constexpr (kNorm) {
       sqa = at::vec::fmadd(ya, ya, sqa);
       sqb = at::vec::fmadd(yb, yb, sqb);
