@@ -147,8 +147,8 @@ def test_usage_error_from_the_command_line():
 
 
 def test_model_quick(tmp_path, capsys):
-    doc = run_cli(tmp_path, "model", "--tp", "2", "--tokens", "9", "--sp-threshold", "4", "--layers", "1",
-                  "--hidden", "64", "--iters", "1", "--warmup", "0", "--check")
+    doc = run_cli(tmp_path, "model", "-tp", "2", "--tokens", "9", "--sp-threshold", "4", "--num-layers",
+                  "1", "--hidden-size", "64", "--iters", "1", "--warmup", "0", "--check")
     (row,) = doc["rows"]
     assert doc["kind"] == "model"
     assert row["tp"] == 2 and row["tokens"] == 9 and row["padded_tokens"] == 10 and row["sp_engaged"] is True
