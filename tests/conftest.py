@@ -3,20 +3,25 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 import mhc_sp  # noqa: F401  (registers the ops)
 
 DATA = Path(__file__).resolve().parent / "data"
 
-# "ci" (the default): fewer examples, fixed seeds so that a run can be repeated exactly, and no
-# per-example deadline (a shared machine's pauses are not failures). "dev": hypothesis' own
-# random search with more examples; pick it with HYPOTHESIS_PROFILE=dev.
-settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=300, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+try:  # the CUDA tests need no hypothesis, and a GPU machine may not have it
+    from hypothesis import HealthCheck, settings
+except ImportError:
+    settings = None
+
+if settings is not None:
+    # "ci" (the default): fewer examples, fixed seeds so that a run can be repeated exactly, and
+    # no per-example deadline (a shared machine's pauses are not failures). "dev": hypothesis'
+    # own random search with more examples; pick it with HYPOTHESIS_PROFILE=dev.
+    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("dev", max_examples=300, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _load_module(name: str, path: Path):

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from mhc_sp.bench import cli, ops_cmd
+from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover
 from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
-from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover
 
 
 def run_cli(tmp_path, *argv):
     out = tmp_path / "out.json"
     assert cli.main([*argv, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["command"].startswith("mhc-sp-bench")
+    assert doc["command"] == " ".join(["mhc-sp-bench", *argv, "--json", str(out)])
     assert doc["environment"]["torch"]
     return doc
 
@@ -28,7 +28,8 @@ def test_ops_quick(tmp_path):
     doc = run_cli(tmp_path, "ops", "--tokens", "0,3", "--hidden", "128", "--repeats", "2", "--warmup", "1",
                   "--compare", "eager", "--gemm")
     assert doc["kind"] == "ops"
-    assert [(r["tokens"], r["op"]) for r in doc["rows"]] == [(T, name) for T in (0, 3) for name in OPS]
+    shapes = [(T, name) for T in (0, 3) for name in OPS]
+    assert [(r["tokens"], r["op"]) for r in doc["rows"]] == shapes
     for r in doc["rows"]:
         # bytes: the registry's model for this shape; GB/s: those bytes over the median time
         sample = OPS[r["op"]].sample(random_inputs(r["tokens"], 4, 128))
@@ -50,14 +51,22 @@ def test_ops_row_ratios_say_how_much_faster_the_op_is():
     assert r["x_separate"] == pytest.approx(1.5) and r["x_eager"] == pytest.approx(10)
     assert r["x_gemm"] == pytest.approx(0.5)  # the op takes half a GEMM's time
     assert "graph" not in r
-    cuda = ops_cmd.row("mhc_post", 3, 128, 4000, {**t, "op": Timing(2e-6, 1e-6, 3e-6, 5, graph=True)},
-                       torch.device("cuda"))
+    graphed = {**t, "op": Timing(2e-6, 1e-6, 3e-6, 5, graph=True)}
+    cuda = ops_cmd.row("mhc_post", 3, 128, 4000, graphed, torch.device("cuda"))
     assert cuda["graph"] is True and cuda["eager_graph"] is False
 
 
+def test_ops_compiled_baseline(tmp_path):
+    doc = run_cli(tmp_path, "ops", "--tokens", "2", "--hidden", "64", "--repeats", "2",
+                  "--warmup", "1", "--compare", "compile", "--ops", "hc_head")
+    (r,) = doc["rows"]
+    assert "compile_error" not in r
+    assert r["x_compile"] > 0 and math.isfinite(r["x_compile"])
+
+
 def test_ops_budget_leaves_out_later_shapes(tmp_path):
-    doc = run_cli(tmp_path, "ops", "--tokens", "1,2", "--hidden", "64", "--repeats", "1", "--warmup", "0",
-                  "--compare", "none", "--ops", "mhc_post", "--budget-s", "1e-9")
+    doc = run_cli(tmp_path, "ops", "--tokens", "1,2", "--hidden", "64", "--repeats", "1",
+                  "--warmup", "0", "--compare", "none", "--ops", "mhc_post", "--budget-s", "1e-9")
     assert [r["tokens"] for r in doc["rows"]] == [1]
     assert doc["skipped_shapes"] == [[64, 2]]
 
@@ -138,8 +147,8 @@ def test_usage_error_from_the_command_line():
 
 
 def test_model_quick(tmp_path, capsys):
-    doc = run_cli(tmp_path, "model", "--tp", "2", "--tokens", "9", "--sp-threshold", "4", "--layers", "1",
-                  "--hidden", "64", "--iters", "1", "--warmup", "0", "--check")
+    doc = run_cli(tmp_path, "model", "-tp", "2", "--tokens", "9", "--sp-threshold", "4", "--num-layers",
+                  "1", "--hidden-size", "64", "--iters", "1", "--warmup", "0", "--check")
     (row,) = doc["rows"]
     assert doc["kind"] == "model"
     assert row["tp"] == 2 and row["tokens"] == 9 and row["padded_tokens"] == 10 and row["sp_engaged"] is True

@@ -90,6 +90,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class OpInfo:
+    """One math op: how to call it, what to compare it with, and what it costs."""
+
     name: str
     #: ``mhc_sp.ops.<name>``
     op: Callable
@@ -142,26 +144,23 @@ def _as_tuple(out) -> tuple:
 
 _PRE_OUTPUTS = ("post", "comb", "layer_input")
 _STREAM_OUTPUTS = ("residual_out", *_PRE_OUTPUTS)
+_PRE_SCALARS = MhcConfig.scalars
 
-
-def _op_infos():
-    pre_scalars = MhcConfig.scalars
-    yield OpInfo("mhc_pre", ops.mhc_pre, reference.mhc_pre,
-                 ("residual", "fn", "scale", "base", "norm_weight"), _PRE_OUTPUTS, pre_scalars)
-    yield OpInfo("mhc_post", ops.mhc_post, reference.mhc_post, ("x", "residual", "post", "comb"),
-                 ("residual_out",), None)
-    yield OpInfo("mhc_post_pre", ops.mhc_post_pre, reference.mhc_post_pre,
-                 ("x", "residual", "post", "comb", "fn", "scale", "base", "norm_weight"),
-                 _STREAM_OUTPUTS, pre_scalars)
-    yield OpInfo("mhc_pre_broadcast", ops.mhc_pre_broadcast, reference.mhc_pre_broadcast,
-                 ("x", "fn", "scale", "base", "norm_weight"), _STREAM_OUTPUTS, pre_scalars)
-    yield OpInfo("hc_head", ops.hc_head, reference.hc_head,
-                 ("residual", "head_fn", "head_scale", "head_base"), ("hidden",),
-                 lambda cfg: (cfg.rms_eps, cfg.hc_eps))
-
-
-#: name -> OpInfo for the five math ops, in the order data flows through a model's boundary.
-OPS: dict[str, OpInfo] = {info.name: info for info in _op_infos()}
+#: name -> OpInfo for the five math ops.
+OPS: dict[str, OpInfo] = {info.name: info for info in (
+    OpInfo("mhc_pre", ops.mhc_pre, reference.mhc_pre,
+           ("residual", "fn", "scale", "base", "norm_weight"), _PRE_OUTPUTS, _PRE_SCALARS),
+    OpInfo("mhc_post", ops.mhc_post, reference.mhc_post, ("x", "residual", "post", "comb"),
+           ("residual_out",), None),
+    OpInfo("mhc_post_pre", ops.mhc_post_pre, reference.mhc_post_pre,
+           ("x", "residual", "post", "comb", "fn", "scale", "base", "norm_weight"),
+           _STREAM_OUTPUTS, _PRE_SCALARS),
+    OpInfo("mhc_pre_broadcast", ops.mhc_pre_broadcast, reference.mhc_pre_broadcast,
+           ("x", "fn", "scale", "base", "norm_weight"), _STREAM_OUTPUTS, _PRE_SCALARS),
+    OpInfo("hc_head", ops.hc_head, reference.hc_head,
+           ("residual", "head_fn", "head_scale", "head_base"), ("hidden",),
+           lambda cfg: (cfg.rms_eps, cfg.hc_eps)),
+)}
 
 
 # ---- comparisons ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ rounded, not through fp32). To keep the file small, ``fn`` and ``head_fn`` are d
 multiples of a power-of-two step and stored that way, and outputs that repeat others are stored
 once; :func:`load` restores both exactly.
 
-Needs only torch and numpy; mhc_sp is not imported.
+Making the data needs torch and numpy, loading it torch alone; mhc_sp is not imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 PATH = Path(__file__).with_name("mhc_golden.pt")
@@ -64,10 +63,14 @@ class Draw:
     """Values from one seeded PCG64 stream using only exactly rounded operations."""
 
     def __init__(self, seed: int):
+        import numpy as np  # only to make the data: load() needs torch alone
+
+        self.np = np
         self.bits = np.random.PCG64(seed)
 
     def uniform(self, *shape) -> torch.Tensor:
         """float64 multiples of 2^-24 in [0, 1)."""
+        np = self.np
         raw = self.bits.random_raw(math.prod(shape)) >> np.uint64(40)
         return torch.from_numpy(raw.astype(np.float64) * 2.0**-24).reshape(shape)
 
@@ -201,7 +204,7 @@ def expected_outputs(i: dict, norm: bool) -> dict:
     """op -> {output name: tensor} for inputs ``i`` (the ops' dtypes), with or without the norm."""
     d = {k: f64(v) for k, v in i.items()}
     w = d["norm_weight"] if norm else None
-    T, n, H = i["residual"].shape
+    n = i["residual"].shape[1]
     out = {}
     out["mhc_pre"] = dict(zip(("post", "comb", "layer_input"),
                               pre(i["residual"], d["fn"], d["scale"], d["base"], w)))
@@ -238,7 +241,7 @@ def _build() -> dict:
         inputs = unpack_inputs(stored)
         expected = expected_outputs(inputs, norm=True)
         no_norm = expected_outputs(inputs, norm=False)
-        # Stored once: post_pre's stream is mhc_post's, broadcast's is x repeated (load() adds them).
+        # Stored once: post_pre's stream is mhc_post's, broadcast's is x repeated (see load()).
         assert torch.equal(expected["mhc_post_pre"].pop("residual_out"),
                            expected["mhc_post"]["residual_out"])
         assert torch.equal(expected["mhc_pre_broadcast"].pop("residual_out"),
