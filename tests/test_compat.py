@@ -82,9 +82,9 @@ def test_vllm_mhc_post_takes_post_as_returned_by_mhc_pre(i):
 @pytest.mark.parametrize("norm", [False, True])
 def test_vllm_fused_post_pre_is_post_then_pre_bitwise(i, norm):
     w = i["norm_weight"] if norm else None
-    got = compat.mhc_fused_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                                    i["base"], *S, n_splits=2, tile_n=3, norm_weight=w,
-                                    norm_eps=CFG.norm_eps)
+    got = compat.mhc_fused_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"],
+                                    i["scale"], i["base"], *S, n_splits=2, tile_n=3,
+                                    norm_weight=w, norm_eps=CFG.norm_eps)
     residual = compat.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     expected = (residual, *compat.mhc_pre(residual, i["fn"], i["scale"], i["base"], *S,
                                           norm_weight=w, norm_eps=CFG.norm_eps))
@@ -158,7 +158,7 @@ def test_sglang_hc_head_fused_cpu_takes_a_0d_scale(i):
                                         f["head_base"], MhcConfig(rms_eps=1e-4, hc_eps=1e-5)))
 
 
-# ---- bad input keeps clear errors, named as the wrapper names its arguments ------------------------
+# ---- bad input keeps clear errors, named as the wrapper names its arguments --------------------
 
 def test_wrong_dtypes(i):
     f = i["flat"]

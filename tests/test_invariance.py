@@ -1,5 +1,5 @@
-"""Batch invariance of the CPU math ops (docs/design.md §3b): a token's outputs are bitwise the same
-whatever else shares its call and however many threads run it. The kernels fix one summation
+"""Batch invariance of the CPU math ops (docs/design.md §3b): a token's outputs are bitwise the
+same whatever else shares its call and however many threads run it. The kernels fix one summation
 order by the hidden size alone; these tests hold every path to it (decode-size calls that split
 the hidden dimension, token blocks of every size, 1 and 2 threads)."""
 
