@@ -196,7 +196,7 @@ inline Vec load_once(const float* p) {
 
 constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of kV2)
 constexpr int64_t kSplitSpans = 8;   // leaves per decode work item
-constexpr int64_t kParallelMacs = int64_t{1} << 17;  // smaller decode projections run on one thread
+constexpr int64_t kParallelMacs = 100000;  // smaller decode projections run on one thread
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
 // out[j] = lane_sum of the vector at v + j * kV, for j < 8 (three horizontal adds on AVX2).
