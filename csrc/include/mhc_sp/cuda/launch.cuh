@@ -44,10 +44,13 @@ void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
   const int sms = sm_count();
   const int64_t tiles = (a.T + kTileTokens - 1) / kTileTokens;
   const int64_t chunks = (a.H + S::HC - 1) / S::HC;
-  // Split H until there are about two blocks per SM; never more splits than chunks.
-  int64_t splits = std::clamp<int64_t>((2 * int64_t(sms) + tiles - 1) / tiles, 1, chunks);
-  const int64_t per_split = (chunks + splits - 1) / splits;
-  splits = (chunks + per_split - 1) / per_split;  // no empty split
+  // Split H until there are about two blocks per SM; never more splits than chunks. A block takes
+  // a power-of-two group of chunks (a subtree of the projection's summation tree, see LeafTree):
+  // how many only decides who adds what, never the order, so it may follow T and the GPU.
+  const int64_t wanted = std::clamp<int64_t>((2 * int64_t(sms) + tiles - 1) / tiles, 1, chunks);
+  int64_t per_split = 1;
+  while (per_split * wanted < chunks && per_split < (int64_t{1} << (kBlockLevels - 1))) per_split *= 2;
+  const int64_t splits = (chunks + per_split - 1) / per_split;
   const int64_t grid = tiles * splits;
   TORCH_CHECK(grid <= INT_MAX, "mhc_sp: ", a.T, " tokens need more blocks than a grid holds");
   const bool fused = a.T <= kFusedMaxTokens;
@@ -96,12 +99,5 @@ inline PreArgs pre_args(const PreParams& p) {
   return a;
 }
 
-
-// The entry points of the kernel table, one translation unit each (csrc/cuda/*.cu).
-void mhc_post(const PostParams& p);
-void mhc_pre(const BFloat16* residual, const PreParams& p);
-void mhc_post_pre(const PostParams& q, const PreParams& p);
-void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);
-void hc_head(const BFloat16* residual, const PreParams& p);
 
 }  // namespace mhc_sp::cuda
