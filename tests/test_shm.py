@@ -46,7 +46,8 @@ def back_to_back(rank, world, group, calls=1000):
             if kind == "all_reduce":
                 assert torch.equal(ops.all_reduce(x, group), total), tag
             elif kind == "reduce_scatter":
-                assert torch.equal(ops.reduce_scatter(x, group), R.shard_tokens(total, rank, world)), tag
+                own = R.shard_tokens(total, rank, world)
+                assert torch.equal(ops.reduce_scatter(x, group), own), tag
             else:
                 every = torch.cat([torch.full_like(x, value(r)) for r in range(world)])
                 assert torch.equal(ops.all_gather(x, group), every), tag
@@ -63,8 +64,9 @@ def back_to_back(rank, world, group, calls=1000):
         partials = partials_for(world, T, H, seed=call)
         x = rank_order_sum(partials)
         if kind == "entry_sharded":
-            got = ops.fused_entry(i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group, True)
-            full = verify and ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"])
+            proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
+            got = ops.fused_entry(i["x"], *proj, group, True)
+            full = verify and ops.mhc_pre_broadcast(i["x"], *proj)
             stream_outputs, gathered = (0, 1, 2), 3
         elif kind == "head_sharded":
             got = ops.fused_head(partials[rank], res, post, comb, i["head_fn"], i["head_scale"],
@@ -82,7 +84,8 @@ def back_to_back(rank, world, group, calls=1000):
         if verify:
             assert torch.equal(got[gathered], full[gathered]), tag
             for k in stream_outputs:
-                assert torch.equal(got[k][:valid], full[k][first:first + valid]), f"{tag} output {k}"
+                own = full[k][first:first + valid]
+                assert torch.equal(got[k][:valid], own), f"{tag} output {k}"
                 assert torch.count_nonzero(got[k][valid:]) == 0, f"{tag} output {k} padding rows"
     return largest
 
@@ -104,9 +107,10 @@ def worker_protocol(rank, world):
     T = 5 + (rank == 1)
     partial = partials_for(world, 6, H, seed=2)[rank]
     res, post, comb = (R.shard_tokens(i[k][:T], rank, world) for k in ("residual", "post", "comb"))
-    with pytest.raises(ValueError, match=r"^num_tokens: ranks disagree on fused_layer: rank 0 passed 5, "
-                                         r"rank 1 passed 6"):
-        ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T)
+    with pytest.raises(ValueError, match=r"^num_tokens: ranks disagree on fused_layer: rank 0 "
+                                         r"passed 5, rank 1 passed 6"):
+        ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True,
+                        T)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="workspace is broken"):
         ops.all_reduce(partial, group)
@@ -118,8 +122,8 @@ def worker_protocol(rank, world):
                                          r"all_reduce as call \d+, rank 1 called all_gather"):
         ops.all_reduce(x, group) if rank != 1 else ops.all_gather(x, group)
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
-    with pytest.raises(ValueError, match=r"^x: ranks disagree on all_gather: rank 0 passed 3 rows of "
-                                         r"16 elements, rank 2 passed 3 rows of 8"):
+    with pytest.raises(ValueError, match=r"^x: ranks disagree on all_gather: rank 0 passed 3 rows "
+                                         r"of 16 elements, rank 2 passed 3 rows of 8"):
         ops.all_gather(torch.ones(3, 8 if rank == 2 else H), group)
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
 
@@ -131,8 +135,8 @@ def worker_protocol(rank, world):
     else:
         start = time.monotonic()
         # The first rank to give up says so, the others that it gave up while rank 1 was missing.
-        with pytest.raises(RuntimeError, match=r"rank 1 (did not reach all_reduce within 4 s|had not "
-                                               r"arrived)"):
+        with pytest.raises(RuntimeError,
+                           match=r"rank 1 (did not reach all_reduce within 4 s|had not arrived)"):
             ops.all_reduce(x, group)
         report["stall_s"] = time.monotonic() - start
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
@@ -145,8 +149,10 @@ def worker_protocol(rank, world):
     i = random_inputs(T, 4, H, seed=3)
     partial = partials_for(world, T, H, seed=4)[rank]
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
-    call = lambda: ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"],  # noqa: E731
-                                   i["norm_weight"], group, True, T)
+    def call():
+        return ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"],
+                               i["norm_weight"], group, True, T)
+
     if rank == 2:
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
         while True:
@@ -158,7 +164,8 @@ def worker_protocol(rank, world):
             calls, last = calls + 1, time.monotonic()
     report["detect_s"] = time.monotonic() - last
     # Seen first hand, or through a peer that saw it first.
-    assert re.search(r"rank 2 (\(pid \d+\) exited during fused_layer|had not arrived)", str(err.value)), err
+    seen = r"rank 2 (\(pid \d+\) exited during fused_layer|had not arrived)"
+    assert re.search(seen, str(err.value)), err
     with pytest.raises(RuntimeError, match="workspace is broken"):
         call()
     report["calls_before_kill"] = calls
@@ -200,7 +207,8 @@ def test_protocol_growth_mismatch_stall_model_and_killed_rank():
 
 def test_transport_arguments():
     """Checked before anything is registered or exchanged (here on a world of one)."""
-    with pytest.raises(ValueError, match=r"^transport: expected one of 'auto', 'shm', 'gloo' for device 'cpu'"):
+    with pytest.raises(ValueError,
+                       match=r"^transport: expected one of 'auto', 'shm', 'gloo' for device 'cpu'"):
         msd.init(device="cpu", transport="nvlink")
     with pytest.raises(ValueError, match=r"^transport: 'shm' does not serve cuda tensors"):
         msd.init(device="cuda", transport="shm")

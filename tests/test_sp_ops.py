@@ -79,7 +79,8 @@ def run_case(rank, world, group, device, case_id, case):
     """Every fused op and collective of one case on `group`, checked against the reference.
     Returns this rank's outputs (on the CPU) by name."""
     T, extra, n, H, sharded, norm = case
-    tag = f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
+    tag = (f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} "
+           f"norm={norm}]")
     on = lambda t: t.to(device)  # noqa: E731
     cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
     i = random_inputs(T, n, H, seed=100 + case_id)
@@ -91,13 +92,14 @@ def run_case(rank, world, group, device, case_id, case):
 
     # fused_entry: the embedding output x is replicated.
     exp = R.fused_entry(i["x"], i["fn"], i["scale"], i["base"], w, world, sharded, CFG)[rank]
-    got = out["entry"] = cpu(ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group, sharded))
+    got = out["entry"] = cpu(ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group,
+                                             sharded))
     assert torch.equal(got[0], exp[0]), tag + " entry residual"
     for name, a, b in zip(("post", "comb", "layer_input"), got[1:], exp[1:]):
         assert_close(a, b, f"{tag} entry {name}")
     if pad is not None:
         for name, t in zip(("residual", "post", "comb"), got[:3]):
-            assert torch.count_nonzero(padding_rows(t, *pad)) == 0, f"{tag} entry {name} padding rows"
+            assert torch.count_nonzero(padding_rows(t, *pad)) == 0, f"{tag} entry {name} padding"
 
     # fused_layer: every rank holds its own un-reduced partial (maybe with padding rows).
     partials = partials_for(world, T + extra, H, seed=200 + case_id)
@@ -106,9 +108,9 @@ def run_case(rank, world, group, device, case_id, case):
     combs = [stream_for(i["comb"], r, world, sharded) for r in range(world)]
     exp = R.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w,
                         sharded, T, CFG)[rank]
-    got = out["layer"] = cpu(ops.fused_layer(on(partials[rank]), on(residuals[rank]), on(posts[rank]),
-                                             on(combs[rank]), d["fn"], d["scale"], d["base"], dw, group,
-                                             sharded, T))
+    got = out["layer"] = cpu(ops.fused_layer(on(partials[rank]), on(residuals[rank]),
+                                             on(posts[rank]), on(combs[rank]), d["fn"], d["scale"],
+                                             d["base"], dw, group, sharded, T))
     check_layer_outputs(got, exp, i, w, tag + " layer", pad)
 
     # fused_head
@@ -120,7 +122,7 @@ def run_case(rank, world, group, device, case_id, case):
     assert_close(got[0], exp[0], tag + " head hidden")
     assert_close(got[1], exp[1], tag + " head residual_out")
     if pad is not None:
-        assert torch.count_nonzero(padding_rows(got[1], *pad)) == 0, tag + " head residual_out padding"
+        assert torch.count_nonzero(padding_rows(got[1], *pad)) == 0, tag + " head padding"
 
     # The plain collectives.
     rs = out["reduce_scatter"] = ops.reduce_scatter(on(partials[rank]), group).cpu()
@@ -128,9 +130,11 @@ def run_case(rank, world, group, device, case_id, case):
     ar = out["all_reduce"] = ops.all_reduce(on(partials[rank]), group).cpu()
     assert_close(ar, R.all_reduce(partials)[rank], tag + " all_reduce")
     shards = [R.shard_tokens(i["x"], r, world) for r in range(world)]
-    assert torch.equal(ops.shard_tokens(d["x"], rank, world).cpu(), shards[rank]), tag + " shard_tokens"
-    assert torch.equal(ops.all_gather(on(shards[rank]), group, T).cpu(), R.all_gather(shards, T)), tag + " all_gather"
-    assert torch.equal(ops.all_gather(on(shards[rank]), group).cpu(), R.all_gather(shards)), tag + " all_gather(-1)"
+    assert torch.equal(ops.shard_tokens(d["x"], rank, world).cpu(), shards[rank]), tag
+    got = ops.all_gather(on(shards[rank]), group, T).cpu()
+    assert torch.equal(got, R.all_gather(shards, T)), tag + " all_gather"
+    got = ops.all_gather(on(shards[rank]), group).cpu()
+    assert torch.equal(got, R.all_gather(shards)), tag + " all_gather(-1)"
     out["inputs"] = (i, partials, residuals[rank], posts[rank], combs[rank], w)
     return out
 
@@ -182,9 +186,10 @@ def check_wide_range_sums(rank, world, group):
     partials = wide_partials(world, T, H, seed=31)
     total = rank_order_sum(partials)
     if world > 2:
-        assert not torch.equal(total, rank_order_sum(partials[::-1])), "the data cannot tell orders apart"
+        assert not torch.equal(total, rank_order_sum(partials[::-1])), "orders give the same sums"
     assert torch.equal(ops.all_reduce(partials[rank], group), total)
-    assert torch.equal(ops.reduce_scatter(partials[rank], group), R.shard_tokens(total, rank, world))
+    shard = R.shard_tokens(total, rank, world)
+    assert torch.equal(ops.reduce_scatter(partials[rank], group), shard)
     i = random_inputs(T, n, H, seed=32)
     proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
     alone = ops.mhc_post_pre(total, i["residual"], i["post"], i["comb"], *proj)
@@ -193,8 +198,8 @@ def check_wide_range_sums(rank, world, group):
     first, valid = rank * rows, min(rows, T - rank * rows)
     for sharded in (True, False):
         own = (lambda t: R.shard_tokens(t, rank, world)) if sharded else (lambda t: t)  # noqa: E731
-        got = ops.fused_layer(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]), *proj,
-                              group, sharded, T)
+        got = ops.fused_layer(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]),
+                              *proj, group, sharded, T)
         lo, hi = (first, first + valid) if sharded else (0, T)
         for a, b in zip(got[:3], alone[:3]):
             assert torch.equal(a[: hi - lo], b[lo:hi])
@@ -202,7 +207,8 @@ def check_wide_range_sums(rank, world, group):
         head = ops.fused_head(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]),
                               i["head_fn"], i["head_scale"], i["head_base"], group, sharded, T)
         assert torch.equal(head[1][: hi - lo], stream[lo:hi])
-        assert torch.equal(head[0], ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"]))
+        hidden = ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"])
+        assert torch.equal(head[0], hidden)
 
 
 def worker_fused_ops(rank, world, device_type="cpu"):
@@ -232,14 +238,16 @@ def worker_fused_ops(rank, world, device_type="cpu"):
                     for a, b in zip(outs["shm"][op], outs["gloo"][op]):
                         assert torch.equal(a, b), f"world 2 case {case}: shm vs gloo {op}"
             if not case[4]:
-                replicated.append(digest([*outs["shm"]["layer"], *outs["shm"]["head"], outs["shm"]["all_reduce"]]))
+                shm = outs["shm"]
+                replicated.append(digest([*shm["layer"], *shm["head"], shm["all_reduce"]]))
         checked += 1
     if "shm" in groups:
         check_wide_range_sums(rank, world, groups["shm"])
     fp32 = partials_for(world, 9, 8, seed=7)
     fp32 = [p.float() for p in fp32]
     for g in groups.values():
-        torch.testing.assert_close(ops.reduce_scatter(fp32[rank].to(device), g).cpu(), R.reduce_scatter(fp32)[rank])
+        got = ops.reduce_scatter(fp32[rank].to(device), g).cpu()
+        torch.testing.assert_close(got, R.reduce_scatter(fp32)[rank])
     return checked, replicated
 
 
@@ -249,7 +257,8 @@ def test_fused_ops_match_reference(world):
     assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
     # Replicated boundaries give every rank bitwise the same outputs.
     digests = [d for _, d in results]
-    assert len(digests[0]) == sum(not c[4] for c in boundary_cases(world)) and digests == [digests[0]] * world
+    assert len(digests[0]) == sum(not c[4] for c in boundary_cases(world))
+    assert digests == [digests[0]] * world
 
 
 def worker_compiled_boundary(rank, world):

@@ -61,11 +61,13 @@ def _device_type(device) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device: expected a str, a torch.device or None, got {type(device).__name__}")
+        raise TypeError(f"device: expected a str, a torch.device or None, got "
+                        f"{type(device).__name__}")
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device: expected 'cpu' or 'cuda' (optionally with an index), got {device!r}") from None
+        raise ValueError(f"device: expected 'cpu' or 'cuda' (optionally with an index), got "
+                         f"{device!r}") from None
     if dev.type not in TRANSPORTS:
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {str(dev)!r}")
     return dev.type
@@ -78,8 +80,8 @@ def _check_transport(transport, device_type: str) -> str:
     if transport not in allowed:
         known = sorted({t for ts in TRANSPORTS.values() for t in ts})
         if transport in known:
-            raise ValueError(f"transport: {transport!r} does not serve {device_type} tensors; "
-                             f"for device {device_type!r} use one of {', '.join(map(repr, allowed))}")
+            raise ValueError(f"transport: {transport!r} does not serve {device_type} tensors; for "
+                             f"device {device_type!r} use one of {', '.join(map(repr, allowed))}")
         raise ValueError(f"transport: expected one of {', '.join(map(repr, allowed))} for device "
                          f"{device_type!r}, got {transport!r}")
     return transport
@@ -140,7 +142,8 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
 
 def _init_cuda(pg: ProcessGroup, name: str, rank: int, device) -> None:
     if not hasattr(_C, "init_nccl_communicator"):
-        raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL communicator")
+        raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL "
+                         "communicator")
     dev = torch.device(device) if device is not None else torch.device("cuda")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     uid = [_C.nccl_unique_id() if rank == 0 else None]
@@ -172,7 +175,8 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
     if isinstance(pg, str):
         pg = resolve(pg)
     if not isinstance(pg, ProcessGroup):
-        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got {type(pg).__name__}")
+        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got "
+                        f"{type(pg).__name__}")
     name = pg.group_name
     rank, world = dist.get_rank(pg), pg.size()
     _C.register_group(name, rank, world)

@@ -135,7 +135,8 @@ def fused_entry(x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded:
     outs = [mhc_pre_broadcast(shard_tokens(x, r, world_size), fn, hc_scale, hc_base, norm_weight, cfg)
             for r in range(world_size)]
     layer_input = all_gather([o[3] for o in outs], x.shape[0])
-    return [(*(zero_padding(t, r, x.shape[0]) for t in o[:3]), layer_input) for r, o in enumerate(outs)]
+    return [(*(zero_padding(t, r, x.shape[0]) for t in o[:3]), layer_input)
+            for r, o in enumerate(outs)]
 
 
 def _reduce(partials, sharded: bool, num_tokens: int):

@@ -96,8 +96,9 @@ def run(args) -> int:
     from ..distributed import TRANSPORTS
 
     if args.transport not in TRANSPORTS.get(device.type, ()):
-        report.usage_error("comm", f"--transport: expected one of {', '.join(TRANSPORTS.get(device.type, ()))} "
-                                   f"for device {device.type}, got {args.transport!r}")
+        allowed = ", ".join(TRANSPORTS.get(device.type, ()))
+        report.usage_error("comm", f"--transport: expected one of {allowed} for device "
+                                   f"{device.type}, got {args.transport!r}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     rows = []
     for world in args.tp:
@@ -108,10 +109,12 @@ def run(args) -> int:
             t = max(r["median"] for rank in per_rank for r in rank
                     if r["op"] == rec["op"] and r["size"] == rec["size"])
             algbw = rec["size"] / t / 1e9
-            rows.append({"tp": world, "transport": rec["transport"], "op": rec["op"], "size": rec["size"],
-                         "count": rec["count"], "type": args.dtype, "time_us": t * 1e6, "algbw_GB/s": algbw,
+            rows.append({"tp": world, "transport": rec["transport"], "op": rec["op"],
+                         "size": rec["size"], "count": rec["count"], "type": args.dtype,
+                         "time_us": t * 1e6, "algbw_GB/s": algbw,
                          "busbw_GB/s": algbw * bus_factor(rec["op"], world)})
-    columns = ["tp", "transport", "op", "size", "count", "type", "time_us", "algbw_GB/s", "busbw_GB/s"]
+    columns = ["tp", "transport", "op", "size", "count", "type", "time_us", "algbw_GB/s",
+               "busbw_GB/s"]
 
     def plot(ax, rows):
         for world in args.tp:

@@ -111,7 +111,8 @@ def _worker(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: in
                    for name, fn in boundary_case(T, H, n, rank, world, group, device).items()}
             with phase(f"layer T={T}"):
                 medians = time_interleaved(fns, device, warmup, repeats)
-            out += [{"tokens": T, "transport": t, "path": p, "median": m} for (t, p), m in medians.items()]
+            out += [{"tokens": T, "transport": t, "path": p, "median": m}
+                    for (t, p), m in medians.items()]
     return out
 
 
@@ -142,7 +143,8 @@ def crossover(rows: list[dict]) -> dict:
     stays faster than the replicated one (None: never in the measured range)."""
     found = {}
     for key in sorted({(r["tp"], r["transport"]) for r in rows}):
-        mine = sorted((r for r in rows if (r["tp"], r["transport"]) == key), key=lambda r: r["tokens"])
+        mine = sorted((r for r in rows if (r["tp"], r["transport"]) == key),
+                      key=lambda r: r["tokens"])
         at = None
         for r in reversed(mine):
             if r["fused_sharded_us"] >= r["fused_replicated_us"]:
@@ -163,8 +165,9 @@ def run(args) -> int:
     allowed = TRANSPORTS.get(device.type, ())
     bad = [t for t in args.transport if t not in allowed]
     if bad or not args.transport or len(set(args.transport)) != len(args.transport):
-        report.usage_error("layer", f"--transport: expected distinct values from {', '.join(allowed)} "
-                                    f"for device {device.type}, got {','.join(args.transport)}")
+        report.usage_error("layer", f"--transport: expected distinct values from "
+                                    f"{', '.join(allowed)} for device {device.type}, got "
+                                    f"{','.join(args.transport)}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     threads = args.threads or max(1, torch.get_num_threads() // max(args.tp))
     rows = []
@@ -184,7 +187,8 @@ def run(args) -> int:
                        "separate/fused": t[tr, "separate_sharded"] / t[tr, "fused_sharded"],
                        "replicated/fused": t[tr, "fused_replicated"] / t[tr, "fused_sharded"]}
                 if len(transports) > 1:
-                    row[f"x_{transports[-1]}"] = t[transports[-1], "fused_sharded"] / t[tr, "fused_sharded"]
+                    base = t[transports[-1], "fused_sharded"]
+                    row[f"x_{transports[-1]}"] = base / t[tr, "fused_sharded"]
                 rows.append(row)
     columns = ["tp", "tokens", "hidden", "transport", *(f"{p}_us" for p in PATHS), "separate/fused",
                "replicated/fused", *sorted({k for r in rows for k in r if k.startswith("x_")})]
@@ -192,7 +196,8 @@ def run(args) -> int:
     def plot(ax, rows):
         for key in sorted({(r["tp"], r["transport"]) for r in rows}):
             for p in PATHS:
-                pts = [(r["tokens"], r[f"{p}_us"]) for r in rows if (r["tp"], r["transport"]) == key]
+                pts = [(r["tokens"], r[f"{p}_us"]) for r in rows
+                       if (r["tp"], r["transport"]) == key]
                 ax.plot(*zip(*pts), marker="o", label=f"{p} tp={key[0]} {key[1]}")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -204,6 +209,6 @@ def run(args) -> int:
     report.emit("layer", rows, columns, args, device,
                 extra={"threads_per_rank": threads, "sharded_beats_replicated_from_tokens": cross},
                 plot=plot)
-    print("sharded beats replicated from: " + ", ".join(f"{k}: {v if v is not None else 'never'} tokens"
-                                                        for k, v in cross.items()))
+    print("sharded beats replicated from: " + ", ".join(
+        f"{k}: {v if v is not None else 'never'} tokens" for k, v in cross.items()))
     return 0
