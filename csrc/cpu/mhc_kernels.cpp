@@ -270,7 +270,8 @@ C10_ALWAYS_INLINE void leaf_steps(Vec (&a)[TR][MR], Vec (&sq)[TR], const BFloat1
       if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
     }
     for (int m = 0; m < MR; ++m) {
-      const Vec fv = load_once(f + m * fstride + k);
+      // One token: each fn vector is read once, so let it fold into the FMA.
+      const Vec fv = TR == 1 ? Vec::loadu(f + m * fstride + k) : load_once(f + m * fstride + k);
       for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
     }
   }
