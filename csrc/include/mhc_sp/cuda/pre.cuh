@@ -78,12 +78,22 @@ struct PreArgs {
   int chunks_per_split;        // HC-wide chunks per block
 };
 
+// Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
+// symmetric-memory boundary (mhc_sp/cuda/symm.cuh) passes its own source, which reduces the peers'
+// rows on the fly. load<V> fills V widened values of token t at hidden position h.
+struct DirectX {
+  template <int V>
+  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h, float (&xv)[V]) const {
+    Pack<V>::load(a.x + t * a.H + h).to_float(xv);
+  }
+};
+
 // Stages chunk [h0, h0 + HC) of every stream of the tile's tokens into Xs (row tt, column
 // i * HC + hh), zero-filling tokens >= T and positions >= H. PostPre computes the post here
 // (writing residual_out) and stages its rounded output; Broadcast writes the n stream copies.
-template <int N, Mode MODE, int V>
+template <int N, Mode MODE, int V, class XSrc>
 __device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0, uint16_t* Xs,
-                                            const float* coef_s) {
+                                            const float* coef_s, const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
   constexpr int kVecs = S::HC / V;
   const int64_t H = a.H;
@@ -99,8 +109,10 @@ __device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int6
     }
     if constexpr (MODE == Mode::PostPre) {
       const float* c = coef_s + tt * (N + N * N);
-      post_vector<N, V>(a.x + t * H + h, a.src + t * N * H + h, H, c, c + N,
-                        a.stream_out + t * N * H + h, xs, S::HC);
+      float xv[V];
+      xsrc.template load<V>(a, t, h, xv);
+      post_values<N, V>(xv, a.src + t * N * H + h, H, c, c + N, a.stream_out + t * N * H + h, xs,
+                        S::HC);
     } else if constexpr (MODE == Mode::Broadcast) {
       const Pack<V> v = Pack<V>::load(a.src + t * H + h);
       v.store(xs);
@@ -214,17 +226,20 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
   for (int r = 0; r < count; ++r) collapse_token<N, MODE, V>(a, t0 + r, pre_s + r * N, red);
 }
 
-// Grid: tiles * splits blocks; block b handles token tile b / splits and H-slice b % splits.
-template <int N, Mode MODE, int V>
-__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
+// Work item `block` (of tiles * splits): token tile block / splits, H-slice block % splits.
+// kProjThreads threads. Also the body of the symmetric-memory boundary's kernels, which run
+// several items per block and pass their own x source.
+template <int N, Mode MODE, int V, class XSrc>
+__device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int64_t block,
+                                              const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
   __shared__ uint4 stage_raw[(S::kStageBytes + 15) / 16];
   __shared__ float coef_s[S::kCoefs];
   __shared__ int is_last;
   uint16_t* Xs = reinterpret_cast<uint16_t*>(stage_raw);
 
-  const int64_t tile = blockIdx.x / a.splits;
-  const int split = blockIdx.x % a.splits;
+  const int64_t tile = block / a.splits;
+  const int split = static_cast<int>(block % a.splits);
   const int64_t h_begin = int64_t(split) * a.chunks_per_split * S::HC;
   const int64_t h_end = min(a.H, h_begin + int64_t(a.chunks_per_split) * S::HC);
 
@@ -250,7 +265,7 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
 
   for (int64_t h0 = h_begin; h0 < h_end; h0 += S::HC) {
     __syncthreads();  // previous chunk's MMAs are done reading Xs
-    stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s);
+    stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s, xsrc);
     __syncthreads();
     // The tensor cores' fp32 accumulation is not IEEE-rounded (it truncates): keep its chains one
     // chunk long and add the chunks with ordinary fp32 adds, so long H-slices (large T, one split)
@@ -308,7 +323,7 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
   ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 2);
   ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 1);
   ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 2);
-  float* part = a.ws + int64_t(blockIdx.x) * kTileTokens * S::MP1;
+  float* part = a.ws + block * kTileTokens * S::MP1;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
   for (int nt = 0; nt < S::NT8; ++nt) {
@@ -345,6 +360,12 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
   float* scratch = reinterpret_cast<float*>(stage_raw);  // the projection is done with Xs
   finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch, scratch + kFusedMaxTokens * S::MP1,
                            scratch + kFusedMaxTokens * (S::MP1 + N));
+}
+
+// Grid: tiles * splits blocks, one work item each.
+template <int N, Mode MODE, int V>
+__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
+  project_block<N, MODE, V>(a, fused, blockIdx.x, DirectX{});
 }
 
 // Non-fused finish: blocks stride over groups of kFinishTokens tokens.
