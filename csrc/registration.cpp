@@ -71,6 +71,10 @@ TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
+namespace mhc_sp::symm {
+void bind(pybind11::module_& m);  // csrc/transport/symm_bindings.cpp
+}
+
 namespace {
 
 pybind11::dict build_info() {
@@ -120,6 +124,7 @@ PYBIND11_MODULE(_C, m) {
     const auto g = mhc_sp::registered_group(name);
     return pybind11::make_tuple(g.rank, g.world);
   });
+  mhc_sp::symm::bind(m);
 #if defined(MHC_SP_WITH_CUDA)
   m.def("nccl_unique_id", [] { return pybind11::bytes(mhc_sp::nccl_unique_id()); });
   m.def("init_nccl_communicator",

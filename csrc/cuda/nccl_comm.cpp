@@ -68,7 +68,8 @@ std::string nccl_unique_id() {
   return std::string(id.internal, sizeof(id.internal));
 }
 
-void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
+                                                    const std::string& unique_id, int64_t device) {
   ncclUniqueId id;
   TORCH_CHECK_VALUE(unique_id.size() == sizeof(id.internal), "unique_id: expected ",
                     sizeof(id.internal), " bytes, got ", unique_id.size());
@@ -77,7 +78,11 @@ void init_nccl_communicator(const std::string& name, const std::string& unique_i
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm;
   MHC_SP_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(g.world), id, static_cast<int>(g.rank)));
-  attach_cuda_communicator(name, device, std::make_unique<NcclCommunicator>(comm, device));
+  return std::make_unique<NcclCommunicator>(comm, device);
+}
+
+void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
+  attach_cuda_communicator(name, device, make_nccl_communicator(name, unique_id, device));
 }
 
 }  // namespace mhc_sp

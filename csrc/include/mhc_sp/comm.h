@@ -49,6 +49,9 @@ GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg)
 // then creates its communicator on `device` and attaches it to the registered group `name`.
 std::string nccl_unique_id();
 void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device);
+// The same communicator, returned instead of attached (the symm transport keeps it as its fallback).
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
+                                                    const std::string& unique_id, int64_t device);
 #endif
 
 }  // namespace mhc_sp
