@@ -142,8 +142,8 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
   h.num_tokens = num_tokens;
   h.inner = row_bytes;
   h.elem_bytes = 1;
-  const bool lamport = op == boundary::Op::kAllReduce && in0.numel() % 8 == 0 &&
-                       in0.numel() * 2 <= L.mailbox_slot_bytes;
+  const bool lamport = op == boundary::Op::kAllReduce &&
+                       reduction_path(L, 1, in0.numel(), false) == Path::kLamport;
   if (!lamport && exchange_path(L, h) != Path::kExchange) return false;
   std::vector<CollectiveCall> calls;
   std::vector<Tensor> keep;
