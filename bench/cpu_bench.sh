@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU benchmarks recorded in bench/results/ (issue numbers in the notes refer to these files).
+# CPU benchmarks recorded in bench/results/ (the README quotes these files).
 # Run on an otherwise idle machine: bash bench/cpu_bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
-# One-command check on a lent GPU machine (H200; no internet; torch + nvcc + pybind11 + ninja +
-# cmake preinstalled). From the repository root:
+# One-command check on a GPU machine (torch, nvcc, pybind11, ninja and cmake installed; no
+# internet needed). From the repository root:
 #
 #   bash bench/gpu_check.sh
 #
 # Builds the extension from source in place, prints build_info and the NCCL version, runs the
-# CUDA tests (and any NCCL tests), tries compute-sanitizer memcheck on a small case, runs the op
-# benchmark, and leaves under $OUT (default bench/out): gpu_check.log (everything), summary.json
-# (one entry per step: status, seconds, exit code), bench.json, and the junit XML of the tests.
-# Every step has its own timeout; the defaults add up to less than 8 minutes.
-#
-# Only the repository travels to a lent machine, so the golden data beside a development checkout
-# (../shared/golden) must come along in the ignored folder .golden/: before the call,
-#   mkdir -p .golden && cp ../shared/golden/mhc_v4_golden.pt .golden/
-# and name ".golden" in the device tool's carry list.
+# CUDA tests (against the reference and the golden data in tests/data, and any NCCL tests), tries
+# compute-sanitizer memcheck on a small case, runs the op benchmark (mhc-sp-bench ops --device
+# cuda), and leaves under $OUT (default bench/out): gpu_check.log (everything), summary.json (one
+# entry per step: status, seconds, exit code), bench.json, and the junit XML of the tests. Every
+# step has its own timeout; the defaults add up to less than 8 minutes.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,7 +27,7 @@ T_BUILD=${T_BUILD:-170}
 T_INFO=${T_INFO:-20}
 T_TESTS=${T_TESTS:-100}
 T_SANITIZER=${T_SANITIZER:-40}
-T_BENCH=${T_BENCH:-100}
+T_BENCH=${T_BENCH:-120}
 
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -40,13 +36,6 @@ export PATH=$CUDA_HOME/bin:$PATH
 export MHC_SP_CUDA=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-# The golden data lives beside the repository in development checkouts; use it when present.
-if [[ -z "${MHC_SP_GOLDEN:-}" ]]; then
-  for g in "$ROOT/../shared/golden/mhc_v4_golden.pt" "$ROOT/shared/golden/mhc_v4_golden.pt" \
-    "$ROOT/.golden/mhc_v4_golden.pt"; do
-    [[ -f $g ]] && export MHC_SP_GOLDEN=$g && break
-  done
-fi
 
 STEPS=()
 log() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
@@ -111,15 +100,11 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   # vector and scalar hidden sizes).
   step sanitizer "$T_SANITIZER" compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" -c '
 import torch
-from mhc_sp import ops
-from mhc_sp import reference as R
+from mhc_sp.testing import OPS, random_inputs
 for T, n, H in [(3, 4, 256), (70, 4, 72), (5, 2, 33)]:
-    i = R.random_inputs(T, n, H, seed=1, device="cuda")
-    ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
-    ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], i["norm_weight"])
-    ops.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], i["norm_weight"])
-    ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"])
-    ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"])
+    i = random_inputs(T, n, H, seed=1, device="cuda")
+    for info in OPS.values():
+        info.call(info.sample(i))
 torch.cuda.synchronize()
 print("memcheck run complete")
 '
@@ -127,8 +112,10 @@ else
   skip sanitizer "compute-sanitizer not found"
 fi
 
-# The benchmark gets its own budget for new cases, inside the step's hard timeout. Here only the
-# V4-Pro hidden size; the full sweep (H 4096 and 7168) is `python bench/gpu_bench_ops.py --json F`.
-step bench "$T_BENCH" "$PY" bench/gpu_bench_ops.py --json "$OUT/bench.json" --budget-s $((T_BENCH - 25)) \
-  --hidden 7168 --samples 3 --target-ms 10
+# The benchmark gets its own budget for new shapes, inside the step's hard timeout. Here only the
+# V4-Pro hidden size; the full sweep is
+#   python -m mhc_sp.bench ops --device cuda --tokens 1,16,256,4096,16384 \
+#     --hidden 4096,7168 --json F
+step bench "$T_BENCH" "$PY" -m mhc_sp.bench ops --device cuda --json "$OUT/bench.json" \
+  --budget-s $((T_BENCH - 30)) --hidden 7168 --tokens 1,16,256,4096,16384 --repeats 10
 exit 0

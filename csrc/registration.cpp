@@ -1,6 +1,6 @@
-// All op schemas of DESIGN §2 (the contract engines call), and the Python module mhc_sp._C.
-// Implementations register themselves per dispatch key next to their code; fake (meta)
-// implementations live in python/mhc_sp/_fake.py.
+// All op schemas (docs/design.md §2, the contract engines call), and the Python module mhc_sp._C.
+// One implementation per op serves the CPU and CUDA dispatch keys (registered below); fake
+// (meta) implementations live in python/mhc_sp/_fake.py.
 
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -15,35 +15,63 @@
 #include "mhc_sp/kernels.h"
 #include "mhc_sp/ops.h"
 
-#define MHC_SP_SCALARS                                                                     \
-  "float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, float hc_post_mult, int sinkhorn_iters, " \
-  "float norm_eps"
-
+// Every schema is written out in full, one per op, so that grepping an op's name finds its whole
+// signature. The math ops end in the scalar tail of docs/design.md §2: rms_eps, hc_pre_eps,
+// hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps.
 TORCH_LIBRARY(mhc_sp, m) {
   m.set_python_module("mhc_sp._fake");
-  m.def("mhc_pre(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
-        ") -> (Tensor post, Tensor comb, Tensor layer_input)");
-  m.def("mhc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor");
-  m.def("mhc_post_pre(Tensor x, Tensor residual, Tensor post, Tensor comb, Tensor fn, Tensor hc_scale, "
-        "Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
-        ") -> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
-  m.def("mhc_pre_broadcast(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, " MHC_SP_SCALARS
-        ") -> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
-  m.def("hc_head(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, float rms_eps, float hc_eps) -> Tensor");
 
+  // Project the stream, Sinkhorn the mixing matrix, collapse into the sublayer input (+ RMSNorm).
+  m.def(
+      "mhc_pre(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, "
+      "float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, float hc_post_mult, "
+      "int sinkhorn_iters, float norm_eps) -> (Tensor post, Tensor comb, Tensor layer_input)");
+  // Write a sublayer output back into the n streams: post * x + comb^T * residual.
+  m.def("mhc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> Tensor");
+  // mhc_post, then mhc_pre of the next sublayer on its output, in one pass over the stream.
+  m.def(
+      "mhc_post_pre(Tensor x, Tensor residual, Tensor post, Tensor comb, Tensor fn, "
+      "Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, float rms_eps, float hc_pre_eps, "
+      "float hc_sinkhorn_eps, float hc_post_mult, int sinkhorn_iters, float norm_eps) "
+      "-> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
+  // First layer: replicate the embedding output into n streams, then mhc_pre.
+  m.def(
+      "mhc_pre_broadcast(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, "
+      "Tensor? norm_weight, float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, "
+      "float hc_post_mult, int sinkhorn_iters, float norm_eps) "
+      "-> (Tensor residual_out, Tensor post, Tensor comb, Tensor layer_input)");
+  // Final collapse of the n streams into one hidden state.
+  m.def(
+      "hc_head(Tensor residual, Tensor fn, Tensor hc_scale, Tensor hc_base, float rms_eps, "
+      "float hc_eps) -> Tensor");
+
+  // Zero-pad dim 0 to a multiple of world_size and return rank's rows.
   m.def("shard_tokens(Tensor x, int rank, int world_size) -> Tensor");
+  // Concatenate every rank's x along dim 0; keep the first num_tokens rows (-1: all).
   m.def("all_gather(Tensor x, str group, int num_tokens) -> Tensor");
+  // Sum over the group; return this rank's ceil(T / world) rows (dim 0 zero-padded).
   m.def("reduce_scatter(Tensor x, str group) -> Tensor");
+  // Sum over the group, out of place.
   m.def("all_reduce(Tensor x, str group) -> Tensor");
 
-  m.def("fused_entry(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, str group, "
-        "bool sharded, " MHC_SP_SCALARS ") -> (Tensor residual, Tensor post, Tensor comb, Tensor layer_input)");
-  m.def("fused_layer(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor fn, Tensor hc_scale, "
-        "Tensor hc_base, Tensor? norm_weight, str group, bool sharded, int num_tokens, " MHC_SP_SCALARS
-        ") -> (Tensor residual_out, Tensor post_out, Tensor comb_out, Tensor layer_input)");
-  m.def("fused_head(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor head_fn, "
-        "Tensor head_scale, Tensor head_base, str group, bool sharded, int num_tokens, float rms_eps, "
-        "float hc_eps) -> (Tensor hidden, Tensor residual_out)");
+  // First boundary: (own rows of) the embedding output -> broadcast-pre -> gathered layer_input.
+  m.def(
+      "fused_entry(Tensor x, Tensor fn, Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, "
+      "str group, bool sharded, float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, "
+      "float hc_post_mult, int sinkhorn_iters, float norm_eps) "
+      "-> (Tensor residual, Tensor post, Tensor comb, Tensor layer_input)");
+  // A sublayer boundary: reduce-scatter (or all-reduce) -> post -> pre -> all-gather.
+  m.def(
+      "fused_layer(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor fn, "
+      "Tensor hc_scale, Tensor hc_base, Tensor? norm_weight, str group, bool sharded, "
+      "int num_tokens, float rms_eps, float hc_pre_eps, float hc_sinkhorn_eps, "
+      "float hc_post_mult, int sinkhorn_iters, float norm_eps) "
+      "-> (Tensor residual_out, Tensor post_out, Tensor comb_out, Tensor layer_input)");
+  // Last boundary: reduce-scatter (or all-reduce) -> post -> hc_head -> all-gather the hidden.
+  m.def(
+      "fused_head(Tensor partial, Tensor residual, Tensor post, Tensor comb, Tensor head_fn, "
+      "Tensor head_scale, Tensor head_base, str group, bool sharded, int num_tokens, "
+      "float rms_eps, float hc_eps) -> (Tensor hidden, Tensor residual_out)");
 }
 
 namespace {

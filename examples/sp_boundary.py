@@ -17,6 +17,7 @@ import torch.distributed as dist
 import mhc_sp.distributed as msd
 from mhc_sp import ops
 from mhc_sp import reference as R
+from mhc_sp.testing import assert_close, random_inputs
 
 
 def main():
@@ -34,7 +35,7 @@ def main():
     device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
 
     T, H = args.tokens, args.hidden
-    i = R.random_inputs(T, 4, H, seed=0, device=device)  # weights and inputs, same on every rank
+    i = random_inputs(T, 4, H, seed=0, device=device)  # weights and inputs, same on every rank
 
     # First boundary: the embedding output is replicated; each rank keeps ceil(T / world) rows of
     # the stream and gets the full attention input back.
@@ -57,8 +58,8 @@ def main():
     partials = [(entry[0][3].float() * (r + 1) / world).to(torch.bfloat16) for r in range(world)]
     expected = R.fused_layer(partials, [e[0] for e in entry], [e[1] for e in entry], [e[2] for e in entry],
                              full["fn"], full["scale"], full["base"], full["norm_weight"], True, T)[rank]
-    R.assert_close(cpu(ffn_in), expected[3], "layer_input")
-    R.assert_close(cpu(residual), expected[0], "residual")
+    assert_close(cpu(ffn_in), expected[3], "layer_input")
+    assert_close(cpu(residual), expected[0], "residual")
     print(f"rank {rank}/{world}: stream shard {tuple(residual.shape)}, layer_input {tuple(ffn_in.shape)}: OK")
     msd.destroy()
     dist.destroy_process_group()

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from mhc_sp import MhcConfig, ops
-from mhc_sp import reference as R
+from mhc_sp.testing import random_inputs
 
 
 @pytest.fixture
 def i():
-    return R.random_inputs(4, 4, 64, seed=3)
+    return random_inputs(4, 4, 64, seed=3)
 
 
 def expect(exc, match, fn):

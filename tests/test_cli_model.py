@@ -1,4 +1,5 @@
-"""``mhc-sp-bench model`` (issue 4 §4): spawned gloo ranks, torchrun, --check, config errors."""
+"""``mhc-sp-bench model``: spawned gloo ranks and torchrun, MTP draft steps with their own SP
+decisions, --check of every step against tp=1, configuration and usage errors."""
 
 import os
 import re
@@ -27,75 +28,82 @@ def max_abs_diff(stdout):
     return float(values[0])
 
 
-def test_tp2_sp_engaged_with_mtp_and_check():
-    r = bench("--tp", "2", "--tokens", "9", "--sp-threshold", "4", "--layers", "2", "--hidden", "96",
-              "--mtp", "--check", "--iters", "1")
-    assert r.returncode == 0, r.stderr
-    assert "SP engaged: yes (token-sharded: 5 stream rows per rank)" in r.stdout
-    assert "tokens=9 padded=10" in r.stdout
-    assert re.search(r"stage 0: embed [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  lm_head [\d.]+  mtp", r.stdout)
-    assert 0 < max_abs_diff(r.stdout) < 0.1 and "check: PASS" in r.stdout
-
-
-def test_pp2_below_threshold_under_torchrun():
-    r = bench("--tp", "1", "--pp", "2", "--tokens", "3", "--sp-threshold", "4", "--layers", "2",
-              "--hidden", "64", "--check", "--iters", "1", torchrun=2)
+def test_tp2_pp2_under_torchrun_with_two_draft_steps_and_check():
+    r = bench("-tp", "2", "-pp", "2", "--tokens", "9", "--sp-threshold", "4", "--num-layers", "2",
+              "--num-speculative-tokens", "2", "--requests", "2", "--check", "--iters", "1",
+              torchrun=4)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("SP engaged:") == 1  # only the reporting rank prints
-    assert "SP engaged: no (SP not configured)" in r.stdout  # tp = 1
-    assert re.search(r"stage 0: .*pp_send", r.stdout) and re.search(r"stage 1: pp_recv", r.stdout)
-    assert max_abs_diff(r.stdout) < 0.1
+    assert len(re.findall(r"^tokens=9 padded=10", r.stdout, re.M)) == 1  # one rank reports
+    assert "SP engaged: yes (token-sharded: 5 stream rows per rank)" in r.stdout
+    # Each draft step plans its own forward: all 9 rows (sharded), then one row per request.
+    assert "MTP draft step 0: tokens=9 padded=10 SP engaged: yes" in r.stdout
+    assert "MTP draft step 1: tokens=2 padded=2 SP engaged: no\n" in r.stdout
+    assert re.search(r"stage 0: embed [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
+                     r"pp_send [\d.]+", r.stdout)
+    assert re.search(r"stage 1: pp_recv [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
+                     r"lm_head [\d.]+  mtp [\d.]+", r.stdout)
+    assert 0 < max_abs_diff(r.stdout) < 0.1 and "check: PASS" in r.stdout
+    for name in ("logits", "draft step 0", "draft step 1"):
+        assert re.search(rf"^  {name}: max_abs_diff [\d.e-]+ \(tolerance", r.stdout, re.M), name
 
 
-# The single-rank path runs in-process (no spawn), so a patched tolerance applies: tp=1 against
-# tp=1 is bit-exact (max_abs_diff=0), and a negative tolerance must make the check fail.
-CHECK_WITH_NEGATIVE_TOL = """
-import sys
-import mhc_sp.runner as R
-R.logits_tolerance = lambda layers, ref: -1.0
-from mhc_sp.bench.cli import main
-sys.exit(main(["model", "--tokens", "5", "--layers", "1", "--hidden", "64", "--check", "--iters", "1"]))
-"""
+def test_check_exits_nonzero_above_tolerance(monkeypatch, capsys):
+    # One rank runs in this process, so a patched tolerance applies: tp=1 against tp=1 is
+    # bit-exact (max_abs_diff=0), and a negative tolerance must make the check fail.
+    import mhc_sp.runner
 
-
-def test_check_exits_nonzero_above_tolerance():
-    r = subprocess.run([sys.executable, "-c", CHECK_WITH_NEGATIVE_TOL], capture_output=True, text=True,
-                       timeout=180, env=dict(os.environ, PYTHONPATH=PYTHON_DIR))
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "check: FAIL" in r.stdout and max_abs_diff(r.stdout) == 0.0
+    monkeypatch.setattr(mhc_sp.runner, "logits_tolerance", lambda layers, ref: -1.0)
+    code = cli.main(["model", "--tokens", "5", "--num-layers", "1", "--hidden-size", "64",
+                     "--num-speculative-tokens", "2", "--check", "--iters", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "check: FAIL" in out and max_abs_diff(out) == 0.0
+    assert "  draft step 1: max_abs_diff 0 (tolerance -1)" in out
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--tp", "2", "--sp-threshold", "0"], "sp_threshold must be a positive integer, got 0"),
-    (["--tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "8"],
+    (["-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "8"],
      "sp_threshold=8 must be greater than max_cudagraph_capture_size=8"),
-    (["--tp", "2", "--sp-threshold", "16", "--moe-backend", "capacity"],
-     "moe_backend='capacity' cannot run on a token shard"),
-    (["--tp", "5"], "model.num_heads=12 must be divisible by tensor_parallel_size=5"),
-    (["--pp", "3", "--layers", "2"], "model.num_layers=2 must be >= pipeline_parallel_size=3"),
-    (["--tokens", "0"], "--tokens must be >= 1, got 0"),
-    (["--moe-backend", "fast"], "moe_backend: unknown backend 'fast'"),
+    (["-tp", "2", "--sp-threshold", "16", "--moe-backend", "capacity"],
+     "moe_backend='capacity' does not support sequence parallelism"),
+    (["-tp", "5"], "model.num_heads=12 must be divisible by tensor_parallel_size=5"),
+    (["-pp", "3", "--num-layers", "2"], "model.num_layers=2 must be >= pipeline_parallel_size=3"),
+    (["--tokens", "4", "--requests", "5"], "--requests 5 must be <= --tokens 4"),
 ])
-def test_config_errors_exit_nonzero_with_the_message(argv, message, capsys):
+def test_config_errors_exit_2_with_the_message(argv, message, capsys):
     assert cli.main(["model", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("mhc-sp-bench model: error: ") and message in err
-    assert "Traceback" not in err
+    captured = capsys.readouterr()
+    assert captured.err.startswith("mhc-sp-bench model: error: ") and message in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
 
 
-def test_config_error_from_the_console_entry_has_no_traceback():
-    r = bench("--tp", "2", "--sp-threshold", "-1")
-    assert r.returncode == 2 and "sp_threshold must be a positive integer, got -1" in r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert cli.main(["model", "-tp", "2"]) == 2
+    assert ("error: tensor_parallel_size=2 x pipeline_parallel_size=1 needs 2 ranks, but the world "
+            "has 1") in capsys.readouterr().err
 
 
-def test_usage_errors_and_discovered_subcommands(capsys):
+@pytest.mark.parametrize("argv,message", [
+    (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
+    (["--sp-threshold", "-1"], "argument --sp-threshold: expected a positive integer, got '-1'"),
+    (["--sp-threshold", "lots"],
+     "argument --sp-threshold: expected a positive integer, got 'lots'"),
+    (["-tp", "two"], "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'"),
+    (["--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
+])
+def test_impossible_flag_values_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(["model", "--tp", "two"])
-    assert e.value.code == 2 and "invalid int value: 'two'" in capsys.readouterr().err
-    quick = cli.parse_args([])  # no subcommand: the README's main job, a quick layer comparison
-    assert quick.command == "layer" and quick.tp == [2] and quick.tokens == [16, 256, 2048]
+        cli.main(["model", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_discovered_subcommands():
     names = [m.__name__ for m in cli.subcommand_modules()]
-    assert "mhc_sp.bench.model_cmd" in names and all(n.endswith("_cmd") for n in names)
-    assert names == sorted(names)
-    assert "model" in cli.build_parser().format_help()
+    assert {"mhc_sp.bench.model_cmd", "mhc_sp.bench.tune_cmd"} <= set(names)
+    assert all(n.endswith("_cmd") for n in names) and names == sorted(names)
+    text = cli.build_parser().format_help()
+    assert "model" in text and "tune" in text

@@ -1,11 +1,12 @@
-"""Every configuration rule of issue 4 §1 (and the model's shape rules), with the messages."""
+"""Every configuration rule (parallel sizes, sp_threshold against CUDA graphs and the compile pass,
+the MoE backend rule, the model's shape rules), with the messages."""
 
 import dataclasses
 
 import pytest
 
 from mhc_sp.config import (CompilationConfig, EngineConfig, MhcConfig, ModelConfig,
-                           MOE_BACKEND_SUPPORTS_TOKEN_SHARD, ParallelConfig, PassConfig)
+                           MOE_BACKEND_SUPPORTS_SP, ParallelConfig, PassConfig)
 
 TINY = ModelConfig.tiny()
 
@@ -49,15 +50,15 @@ def test_threshold_at_or_below_capture_size_is_refused_with_tp(sp, max_graph):
     with pytest.raises(ValueError, match=f"sp_threshold={sp} must be greater than "
                                          f"max_cudagraph_capture_size={max_graph} with tensor_parallel_size=2"):
         engine(tp=2, sp=sp, max_graph=max_graph)
-    # The rule holds under enforce_eager too (the issue states it for any tp > 1 config).
+    # The rule holds under enforce_eager too: it is stated for any tp > 1 config.
     with pytest.raises(ValueError, match="SP must never engage on a captured size"):
         engine(tp=2, sp=sp, max_graph=max_graph, eager=True)
 
 
 def test_threshold_above_capture_size_or_tp1_is_accepted():
-    assert engine(tp=2, sp=9, max_graph=8).sp_min_tokens == 9
+    assert engine(tp=2, sp=9, max_graph=8).sp_threshold == 9
     e = engine(tp=1, sp=4, max_graph=8)  # tp = 1: SP is off, nothing to refuse
-    assert e.sp_min_tokens is None and not e.compilation.pass_config.enable_sp
+    assert e.sp_threshold is None and not e.compilation.pass_config.enable_sp
 
 
 def test_capture_sizes():
@@ -76,30 +77,36 @@ def test_capture_sizes():
 def test_threshold_maps_into_pass_config_when_not_eager():
     e = engine(tp=2, sp=16)
     assert e.compilation.pass_config == PassConfig(enable_sp=True, sp_min_token_num=16)
-    assert e.sp_min_tokens == 16
+    assert e.sp_threshold == 16
 
 
 def test_none_defers_to_the_pass_default():
     e = engine(tp=2, sp=None)
     assert e.compilation.pass_config == PassConfig()  # untouched: the pass's default (off)
-    assert e.sp_min_tokens is None
+    assert e.sp_threshold is None
 
 
-def test_existing_min_token_num_is_kept():
-    e = engine(tp=2, sp=16, pass_config=PassConfig(sp_min_token_num=32))
-    assert e.compilation.pass_config == PassConfig(enable_sp=True, sp_min_token_num=32)
-    assert e.sp_min_tokens == 32
+def test_existing_min_token_num_is_kept_but_sp_still_follows_sp_threshold():
+    for eager in (False, True):
+        e = engine(tp=2, sp=16, pass_config=PassConfig(sp_min_token_num=32), eager=eager)
+        # The compile pass keeps its own minimum (and is switched on only when not eager) ...
+        switched_on = None if eager else True
+        assert e.compilation.pass_config == PassConfig(switched_on, sp_min_token_num=32)
+        # ... while the in-forward SP engages at sp_threshold either way.
+        assert e.sp_threshold == 16
 
 
 def test_enforce_eager_maps_nothing_and_uses_the_eager_path():
     e = engine(tp=2, sp=16, eager=True)
     assert e.compilation.pass_config == PassConfig()
-    assert e.sp_min_tokens == 16  # read by the eager in-forward path
+    assert e.sp_threshold == 16  # read by the eager in-forward path
 
 
 def test_explicit_pass_config_rules():
+    # The pass switched on by hand, sp_threshold unset: the pass is validated, but the in-forward
+    # SP stays off because parallel.enable_sp is False.
     e = engine(tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=12), max_graph=8)
-    assert e.sp_min_tokens == 12
+    assert e.compilation.pass_config.enable_sp and e.sp_threshold is None
     with pytest.raises(ValueError, match="pass_config.enable_sp=True needs pass_config.sp_min_token_num"):
         engine(tp=2, pass_config=PassConfig(enable_sp=True))
     with pytest.raises(ValueError, match="pass_config.sp_min_token_num=8 must be greater than "
@@ -110,20 +117,25 @@ def test_explicit_pass_config_rules():
     with pytest.raises(ValueError, match="enable_sp must be None, True or False, got 1"):
         PassConfig(enable_sp=1)
     # The threshold sets a min even when the user switched the pass on without one.
-    assert engine(tp=2, sp=5, pass_config=PassConfig(enable_sp=True)).sp_min_tokens == 5
+    e = engine(tp=2, sp=5, pass_config=PassConfig(enable_sp=True))
+    assert e.compilation.pass_config.sp_min_token_num == 5 and e.sp_threshold == 5
 
 
 # ---- MoE backend ---------------------------------------------------------------------------
 
-def test_moe_backend_that_cannot_shard_is_refused_with_sp():
-    assert MOE_BACKEND_SUPPORTS_TOKEN_SHARD == {"naive": True, "capacity": False}
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' cannot run on a token shard"):
+def test_moe_backend_not_valid_on_a_token_shard_is_refused_when_sp_is_enabled():
+    assert MOE_BACKEND_SUPPORTS_SP == {"naive": True, "capacity": False}
+    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
+                                                  "sequence parallelism: which tokens it drops"):
         engine(tp=2, sp=4, backend="capacity")
-    with pytest.raises(NotImplementedError, match="cannot run on a token shard"):
+    with pytest.raises(NotImplementedError, match="not valid on a token shard"):
         engine(tp=2, sp=4, backend="capacity", eager=True)
-    # Without SP (no threshold, or tp = 1) it is fine.
+    # Without SP enabled (no threshold, or tp = 1) it is fine, even with the compile pass switched
+    # on by hand: SP is enabled by parallel.enable_sp alone.
     assert engine(tp=2, sp=None, backend="capacity").moe_backend == "capacity"
     assert engine(tp=1, sp=4, backend="capacity").moe_backend == "capacity"
+    by_hand = PassConfig(enable_sp=True, sp_min_token_num=8)
+    assert engine(tp=2, backend="capacity", pass_config=by_hand).moe_backend == "capacity"
     with pytest.raises(ValueError, match="moe_backend: unknown backend 'fast'"):
         engine(tp=2, backend="fast")
 
@@ -149,6 +161,14 @@ def test_engine_type_checks():
         EngineConfig(TINY, {"tensor_parallel_size": 2})
     with pytest.raises(ValueError, match="enforce_eager must be True or False, got 'yes'"):
         EngineConfig(TINY, enforce_eager="yes")
+
+
+def test_num_speculative_tokens():
+    assert EngineConfig(TINY, num_speculative_tokens=3).num_speculative_tokens == 3
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 0, got -1"):
+        EngineConfig(TINY, num_speculative_tokens=-1)
+    with pytest.raises(ValueError, match="num_speculative_tokens=2 needs an MTP layer"):
+        EngineConfig(ModelConfig.tiny(num_mtp_layers=0), num_speculative_tokens=2)
 
 
 # ---- ModelConfig ---------------------------------------------------------------------------

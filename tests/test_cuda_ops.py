@@ -1,11 +1,8 @@
-"""The five mHC math ops on CUDA against mhc_sp.reference (DESIGN §1), the golden data, the
+"""The five mHC math ops on CUDA against mhc_sp.reference (docs/design.md §1), the golden data, the
 CPU kernels, torch.library.opcheck, CUDA-graph replay and mixed-device arguments.
 
 Skipped as a whole on machines without a GPU (CPU CI compiles the CUDA code but cannot run it).
 """
-
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,16 +11,18 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from mhc_sp import ops  # noqa: E402
-from mhc_sp import reference as R  # noqa: E402
-from mhc_sp.reference import assert_close  # noqa: E402
-from op_cases import (CFG, MATH_OPS, check_against_reference, check_compiled_chain, check_outputs,  # noqa: E402
-                      golden_expected, op_args, run_op, to_device)
+from mhc_sp.testing import (OPS, assert_close, check_against_reference,  # noqa: E402
+                            check_compiled_chain, check_outputs, random_inputs)
 
 DEV = "cuda"
 
 
 def inputs(T, n, H, seed=None):
-    return R.random_inputs(T, n, H, seed=T * 131 + n * 7 + H if seed is None else seed, device=DEV)
+    return random_inputs(T, n, H, seed=T * 131 + n * 7 + H if seed is None else seed, device=DEV)
+
+
+def to_device(d: dict, device) -> dict:
+    return {k: v.to(device) for k, v in d.items()}
 
 
 # T covers the fused single-launch path (<= 16 tokens), one partial 64-token tile (257 = 4 tiles
@@ -32,34 +31,39 @@ SHAPES = [(1, 4, 4096), (1, 2, 7168), (5, 4, 1024), (5, 2, 33), (16, 4, 520), (1
           (257, 4, 512), (257, 2, 77), (4096, 4, 256), (4096, 2, 40)]
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+def check(name, i, norm=True):
+    info = OPS[name]
+    check_against_reference(info, info.sample(i, norm))
+
+
+@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T,n,H", SHAPES)
 @pytest.mark.parametrize("norm", [True, False])
 def test_matches_reference(name, T, n, H, norm):
-    check_against_reference(name, inputs(T, n, H), norm)
+    check(name, inputs(T, n, H), norm)
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T,n,H", [(3, 1, 64), (7, 3, 72), (20, 5, 48), (2, 6, 24), (9, 7, 16),
                                    (33, 8, 64), (17, 8, 7)])
 def test_other_hc_mult(name, T, n, H):
-    check_against_reference(name, inputs(T, n, H))
+    check(name, inputs(T, n, H))
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 def test_large_T(name):
     """More tokens than the finish grid holds, so blocks stride over token groups."""
-    check_against_reference(name, inputs(70001, 2, 16, seed=1))
+    check(name, inputs(70001, 2, 16, seed=1))
 
 
 @pytest.mark.parametrize("name", ["mhc_pre", "mhc_post_pre"])
 def test_long_projection_per_block(name):
     """Enough 64-token tiles (T >= ~16.8k on 132 SMs) that each block projects the whole n*H = 16384
     values alone: the tensor-core accumulation must not drift over that long a chain."""
-    check_against_reference(name, inputs(17000, 4, 4096, seed=9))
+    check(name, inputs(17000, 4, 4096, seed=9))
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 def test_misaligned_pointers_use_scalar_path(name):
     """H % 8 == 0 but the bf16 tensors start 2 bytes past a 16-byte boundary."""
     i = inputs(9, 4, 64, seed=4)
@@ -68,72 +72,68 @@ def test_misaligned_pointers_use_scalar_path(name):
         buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=DEV)
         i[k] = buf[1:].view(t.shape).copy_(t)
         assert i[k].data_ptr() % 16 != 0
-    check_against_reference(name, i)
+    check(name, i)
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T,n,H", [(5, 4, 520), (300, 4, 136), (1, 2, 33)])
 def test_matches_cpu_kernels(name, T, n, H):
-    """The CUDA and CPU kernels implement the same numerics (post_pre: see check_against_reference)."""
+    """The CUDA and CPU kernels implement the same numerics (mhc_post_pre: see
+    mhc_sp.testing.check_outputs)."""
+    info = OPS[name]
     i = inputs(T, n, H)
-    got = run_op(ops, name, i)
-    cpu = run_op(ops, name, to_device(i, "cpu"))
-    if name == "mhc_post_pre":
-        assert_close(got[0].cpu(), cpu[0], "residual vs cpu")
-        cpu = (got[0].cpu(), *ops.mhc_pre(got[0].cpu(), i["fn"].cpu(), i["scale"].cpu(), i["base"].cpu(),
-                                          i["norm_weight"].cpu(), CFG))
-    check_outputs(name, [a.cpu() for a in got], cpu)
+    cpu_sample = info.sample(to_device(i, "cpu"))
+    got = [t.cpu() for t in info.call(info.sample(i))]
+    check_outputs(info, cpu_sample, got, info.call(cpu_sample))
 
 
-def test_golden_on_cuda():
-    path = Path(os.environ.get("MHC_SP_GOLDEN", Path(__file__).resolve().parents[2] / "shared" / "golden"
-                               / "mhc_v4_golden.pt"))
-    if not path.is_file():  # the GPU machine may not have ../shared; the CPU suite requires it
-        pytest.skip(f"golden data not found at {path} (set MHC_SP_GOLDEN)")
-    golden = torch.load(path, weights_only=True)
+@pytest.mark.parametrize("name", list(OPS))
+def test_matches_golden(golden, name):
+    """The in-repository golden data (tests/data), as on the CPU."""
+    info = OPS[name]
     for case in golden["cases"]:
-        i = to_device(case["inputs"], DEV)
-        for name in ("mhc_pre", "mhc_post", "mhc_pre_broadcast", "hc_head"):
-            check_outputs(name, [a.cpu() for a in run_op(ops, name, i)], golden_expected(case, name))
-        residual, post, comb, layer_input = run_op(ops, "mhc_post_pre", i)
-        assert_close(residual.cpu(), case["mhc_post_pre"]["residual"], "golden mhc_post_pre.residual")
-        assert_close(layer_input.cpu(), case["mhc_post_pre"]["layer_input"], "golden mhc_post_pre.layer_input")
+        for norm in (True, False) if info.takes_norm else (True,):
+            expected = case["expected" if norm else "expected_no_norm"][name]
+            cpu_sample = info.sample(case["inputs"], norm)
+            got = [t.cpu() for t in info.call(info.sample(to_device(case["inputs"], DEV), norm))]
+            check_outputs(info, cpu_sample, got, [expected[o] for o in info.outputs])
 
 
 def test_post_pre_equals_post_then_pre():
     i = inputs(13, 4, 512, seed=5)
-    fused = run_op(ops, "mhc_post_pre", i)
+    fused = OPS["mhc_post_pre"].call(OPS["mhc_post_pre"].sample(i))
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     assert torch.equal(fused[0], residual)
     for a, b in zip(fused[1:], ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])):
         assert_close(a, b)
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 def test_deterministic(name):
     """Split-K partials are added in a fixed order: repeated calls agree bit for bit."""
+    info = OPS[name]
     for T in (3, 300):
-        i = inputs(T, 4, 1024, seed=6)
-        a, b = run_op(ops, name, i), run_op(ops, name, i)
-        for x, y in zip(a, b):
+        sample = info.sample(inputs(T, 4, 1024, seed=6))
+        for x, y in zip(info.call(sample), info.call(sample)):
             assert torch.equal(x, y)
 
 
 # ---- torch.library / CUDA graphs / streams -------------------------------------------------
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T", [6, 70])
 def test_opcheck(name, T):
-    i = inputs(T, 4, 128, seed=1)
-    torch.library.opcheck(getattr(torch.ops.mhc_sp, name).default, op_args(name, i))
+    info = OPS[name]
+    sample = info.sample(inputs(T, 4, 128, seed=1))
+    torch.library.opcheck(getattr(torch.ops.mhc_sp, name).default, info.schema_args(sample))
 
 
-@pytest.mark.parametrize("name", MATH_OPS)
+@pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T", [1, 16, 257])
 def test_cuda_graph_replay_bitwise_equal(name, T):
-    i = inputs(T, 4, 1024, seed=7)
+    info = OPS[name]
     op = getattr(torch.ops.mhc_sp, name).default
-    args = op_args(name, i)
+    args = info.schema_args(info.sample(inputs(T, 4, 1024, seed=7)))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside capture, as torch.cuda.graphs recommends
@@ -157,12 +157,13 @@ def test_cuda_graph_replay_bitwise_equal(name, T):
 def test_runs_on_current_stream():
     """Work is ordered on the caller's stream: results produced on a side stream are complete
     once that stream is synchronised."""
-    i = inputs(300, 4, 2048, seed=8)
-    expected = run_op(ops, "mhc_post_pre", i)
+    info = OPS["mhc_post_pre"]
+    sample = info.sample(inputs(300, 4, 2048, seed=8))
+    expected = info.call(sample)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        got = run_op(ops, "mhc_post_pre", i)
+        got = info.call(sample)
     side.synchronize()
     for a, b in zip(got, expected):
         assert torch.equal(a, b)

@@ -1,19 +1,17 @@
-"""The V4-style model (issue 4 §2, §5): TP slicing, weights, MoE backends, the MTP layer, and on
-gloo worlds of 2 and 3 ranks: SP on vs SP off vs tp=1 logits for token counts below, at and above
-the threshold, odd counts, fewer tokens than ranks; padding never leaks."""
+"""The V4-style model in one process: TP slicing of the weights, the safetensors loader, MoE
+backends and their SP rule, the row-parallel linear's reduction, the MTP layer as a forward of its
+own. (Multi-rank runs are in test_runner.py.)"""
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import mhc_sp.distributed as msd
-from dist_harness import run_world
-from mhc_sp.config import EngineConfig, ModelConfig, ParallelConfig
+from mhc_sp.config import ModelConfig
 from mhc_sp.model import (DeepseekV4Model, IntermediateTensors, MhcStream, MoE, RoutingTrace,
-                          TPContext, init_synthetic, load_safetensors, pp_layer_range,
-                          synthetic_state_dict)
+                          RowParallelLinear, TPContext, init_synthetic, load_safetensors,
+                          pp_layer_range, synthetic_state_dict)
 from mhc_sp.model.parallel import shard_index
-from mhc_sp.runner import ModelRunner, logits_tolerance
 
 TINY = ModelConfig.tiny()
 
@@ -158,17 +156,45 @@ def test_moe_dense_and_eager_agree_and_capacity_drops_in_token_order():
     assert not torch.equal(naive(x), capacity(x))
 
 
-def test_moe_backend_that_cannot_shard_raises_with_sp():
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' cannot run on a token shard"):
+def test_moe_backend_not_valid_with_sp_raises():
+    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
+                                                  "sequence parallelism"):
         make_moe("capacity", sp=True)
     moe = make_moe("capacity")
-    with pytest.raises(NotImplementedError, match="cannot run on a token shard"):
+    with pytest.raises(NotImplementedError, match="not valid on a token shard"):
         moe(torch.zeros(4, 96, dtype=torch.bfloat16), sharded=True)
     assert make_moe("naive", sp=True)(torch.zeros(4, 96, dtype=torch.bfloat16), sharded=True).shape == (4, 96)
-    with pytest.raises(ValueError, match="backend: unknown MoE backend 'fast'"):
+    with pytest.raises(ValueError, match="moe_backend: unknown backend 'fast'"):
         make_moe("fast")
-    with pytest.raises(NotImplementedError, match="cannot run on a token shard"):
+    with pytest.raises(NotImplementedError, match="does not support sequence parallelism"):
         DeepseekV4Model(TINY, moe_backend="capacity", sequence_parallel=True, device="meta")
+
+
+def test_row_parallel_linear_reduces_only_when_asked(world_of_one):
+    # A world of one: the all-reduce is the identity, so the check is that it runs through the
+    # group's all_reduce op exactly when reduce_results is set.
+    import mhc_sp.model.linear as linear
+
+    calls = []
+    real = linear.ops.all_reduce
+    linear.ops.all_reduce = lambda x, group: (calls.append(group), real(x, group))[1]
+    try:
+        x = torch.randn(5, 24).to(torch.bfloat16)
+        reducing = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu")
+        partial = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu",
+                                    reduce_results=False)
+        init_synthetic(reducing, 3)
+        init_synthetic(partial, 3)
+        assert reducing.reduce_results and not partial.reduce_results
+        y, p = reducing(x), partial(x)
+        assert calls == [world_of_one] and torch.equal(y, p)
+        assert torch.equal(p, torch.nn.functional.linear(x, partial.weight))
+    finally:
+        linear.ops.all_reduce = real
+    # The model's row-parallel projections leave the reduction to the fused boundary ops.
+    model = DeepseekV4Model(TINY, device="meta")
+    rows = [m for m in model.modules() if isinstance(m, RowParallelLinear)]
+    assert len(rows) == 2 * (TINY.num_layers + 1) and not any(m.reduce_results for m in rows)
 
 
 def test_routing_trace_records_and_replays():
@@ -191,19 +217,34 @@ def test_routing_trace_records_and_replays():
 def test_world_of_one_forward_mtp_and_validation(world_of_one):
     model = DeepseekV4Model(TINY)
     ids, nxt = ids_for(7, 1)
-    out = model(ids, sharded=False, mtp_input_ids=nxt)
+    out = model(ids, sharded=False, return_final_stream=True)
     assert out.logits.shape == (7, 240) and out.logits.dtype == torch.float32
-    assert out.mtp_logits.shape == (7, 240) and out.final_stream.shape == (7, 4, 96)
-    assert torch.isfinite(out.logits).all() and torch.isfinite(out.mtp_logits).all()
+    assert out.final_stream.shape == (7, 4 * 96) and out.final_stream.dtype == torch.bfloat16
+    assert model(ids, sharded=False).final_stream is None  # only when asked
+    # The MTP is a forward of its own on the gathered stream; it returns its own stream.
+    draft = model.mtp_forward(out.final_stream, nxt, sharded=False)
+    assert draft.logits.shape == (7, 240) and draft.final_stream.shape == (7, 4 * 96)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(draft.logits).all()
+    assert not torch.equal(draft.final_stream, out.final_stream)
     # Sharded on a world of one is the same computation.
-    sh = model(ids, sharded=True, mtp_input_ids=nxt)
-    assert torch.equal(sh.logits, out.logits) and torch.equal(sh.mtp_logits, out.mtp_logits)
-    # The MTP sees the next tokens: other next tokens, other draft logits, same main logits.
-    other = model(ids, sharded=False, mtp_input_ids=(nxt + 1) % 240)
-    assert torch.equal(other.logits, out.logits) and not torch.equal(other.mtp_logits, out.mtp_logits)
-    assert model(ids, sharded=False).mtp_logits is None
+    sh = model(ids, sharded=True, return_final_stream=True)
+    assert torch.equal(sh.logits, out.logits) and torch.equal(sh.final_stream, out.final_stream)
+    assert torch.equal(model.mtp_forward(out.final_stream, nxt, sharded=True).logits, draft.logits)
+    # The MTP sees the next tokens and the stream: change either, other draft logits.
+    other_ids = model.mtp_forward(out.final_stream, (nxt + 1) % 240, sharded=False)
+    assert not torch.equal(other_ids.logits, draft.logits)
+    assert not torch.equal(model.mtp_forward(draft.final_stream, nxt, sharded=False).logits,
+                           draft.logits)
+    # Causal attention: the first rows' drafts do not depend on the rows after them.
+    part = model.mtp_forward(out.final_stream[:4], nxt[:4], sharded=False)
+    assert torch.equal(part.logits, draft.logits[:4])
     no_mtp = DeepseekV4Model(ModelConfig.tiny(num_mtp_layers=0))
-    assert no_mtp.mtp is None and no_mtp(ids, sharded=False, mtp_input_ids=nxt).mtp_logits is None
+    with pytest.raises(ValueError, match="mtp_forward: pipeline stage 0 of 1 has no MTP layer"):
+        no_mtp.mtp_forward(out.final_stream, nxt, sharded=False)
+    with pytest.raises(ValueError, match=r"stream: expected a bfloat16 tensor of shape \(7, 384\)"):
+        model.mtp_forward(out.final_stream[:, :96], nxt, sharded=False)
+    with pytest.raises(ValueError, match="next_ids: expected a non-empty 1-D int64 tensor"):
+        model.mtp_forward(out.final_stream, nxt.float(), sharded=False)
 
     with pytest.raises(ValueError, match=r"input_ids: expected token ids in \[0, 240\), got values in \[0, 240\]"):
         model(torch.tensor([0, 240]), sharded=False)
@@ -211,8 +252,6 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
         model(ids.to(torch.int32), sharded=False)
     with pytest.raises(ValueError, match="input_ids: expected at least one token, got 0"):
         model(ids[:0], sharded=False)
-    with pytest.raises(ValueError, match=r"mtp_input_ids: expected an int64 tensor of shape \(7,\)"):
-        model(ids, sharded=False, mtp_input_ids=nxt[:3])
     second = DeepseekV4Model(TINY, pp_rank=1, pp_size=2)
     with pytest.raises(ValueError, match="intermediate: pipeline stage 1 needs the previous stage's"):
         second(ids, sharded=False)
@@ -221,96 +260,3 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
                                         torch.zeros(7, 4), torch.zeros(7, 4, 4)))
     with pytest.raises(ValueError, match=r"intermediate.residual: expected torch.bfloat16 \(7, 4, 96\)"):
         second(ids, sharded=False, intermediate=bad)
-
-
-# ---- gloo worlds: SP on vs off vs tp=1 ---------------------------------------------------------
-
-def token_cases(world, threshold):
-    """Fewer tokens than ranks, below / at / above the threshold, odd counts."""
-    return sorted({1, world - 1, threshold - 1, threshold, threshold + 1, 9, 17} - {0})
-
-
-def worker_tp_vs_sp_vs_tp1(rank, world, threshold):
-    from mhc_sp.reference import shard_rows
-    from mhc_sp.runner import init_parallel_groups
-
-    torch.manual_seed(0)
-    groups = init_parallel_groups(ParallelConfig(world))
-    ref = DeepseekV4Model(TINY, tp=TPContext(0, 1, groups.self_group))
-    on = ModelRunner(EngineConfig(TINY, ParallelConfig(world, 1, threshold)), groups)
-    on_eager = ModelRunner(EngineConfig(TINY, ParallelConfig(world, 1, threshold), enforce_eager=True), groups)
-    off = ModelRunner(EngineConfig(TINY, ParallelConfig(world)), groups)
-    layers = TINY.num_layers + TINY.num_mtp_layers
-    checked = []
-    for T in token_cases(world, threshold):
-        tag = f"[tp={world} rank={rank} T={T} threshold={threshold}]"
-        ids, nxt = ids_for(T, seed=T)
-        trace = RoutingTrace()
-        a = on.forward(ids, nxt, routing=trace)
-        b = off.forward(ids, nxt)
-        padded = -(-T // world) * world if T >= threshold else T
-        assert a.plan.padded_tokens == padded and a.plan.sharded == (T >= threshold), tag
-        assert not b.plan.sharded and b.plan.padded_tokens == T, tag
-        assert a.logits.shape == b.logits.shape == (T, TINY.vocab_size), tag
-        # SP changes nothing: with two ranks every reduction sums two values, in either order the
-        # same fp32 result, so SP on and off are bit-identical; with more ranks, within tolerance.
-        for name, x, y in (("logits", a.logits, b.logits), ("mtp_logits", a.mtp_logits, b.mtp_logits)):
-            if world == 2:
-                assert torch.equal(x, y), f"{tag} SP on vs off {name}"
-            else:
-                torch.testing.assert_close(x, y, atol=1e-2, rtol=1e-2, msg=lambda m: f"{tag} {name}: {m}")
-        # ... and matches tp=1 on the same weights, routing replayed from the TP run.
-        with torch.no_grad():
-            r = ref(ids, sharded=False, mtp_input_ids=nxt, routing=RoutingTrace(trace.recorded))
-        for name, x, y in (("logits", a.logits, r.logits), ("mtp_logits", a.mtp_logits, r.mtp_logits)):
-            diff, tol = (x - y).abs().max().item(), logits_tolerance(layers, y)
-            assert diff <= tol, f"{tag} vs tp=1 {name}: max_abs_diff={diff} > {tol}"
-        # The eager in-forward path decides and computes the same.
-        e = on_eager.forward(ids, nxt)
-        assert e.plan == a.plan and torch.equal(e.logits, a.logits), tag
-
-        # The model called directly with sharded=True on an unpadded (odd) count: the ops pad the
-        # stream themselves, the final stream is ceil(T/tp) rows and its padding rows stay zero.
-        with torch.no_grad():
-            d = on.model(ids, sharded=True, mtp_input_ids=nxt)
-        rows = shard_rows(T, world)
-        assert d.final_stream.shape == (rows, 4, 96), tag
-        pad = rows * (rank + 1) - T
-        if pad > 0:
-            assert torch.count_nonzero(d.final_stream[-min(pad, rows):]) == 0, tag + " stream padding leaked"
-        torch.testing.assert_close(d.logits, b.logits, atol=1e-2, rtol=1e-2)
-        torch.testing.assert_close(d.mtp_logits, b.mtp_logits, atol=1e-2, rtol=1e-2)
-        checked.append((T, a.plan.sharded))
-
-    # Padding tokens never reach real tokens: different pad contents, same real rows, bit for bit.
-    T, P = 9, 12  # 12 rows: a multiple of every test TP size
-    ids, nxt = ids_for(T, seed=99)
-    outs = []
-    for fill in (0, 7, 239):
-        pad_ids = torch.cat([ids, torch.full((P - T,), fill)])
-        pad_nxt = torch.cat([nxt, torch.full((P - T,), (fill * 3) % 240)])
-        with torch.no_grad():
-            o = on.model(pad_ids, sharded=True, mtp_input_ids=pad_nxt)
-        outs.append((o.logits[:T], o.mtp_logits[:T], o.logits[T:]))
-    for o in outs[1:]:
-        assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]), "padding leaked"
-    assert not torch.equal(outs[1][2], outs[0][2])  # the padding rows themselves did change
-
-    # Capacity backend without SP: tp matches tp=1 too (routing replayed).
-    cap = ModelRunner(EngineConfig(TINY, ParallelConfig(world), moe_backend="capacity"), groups)
-    ref_cap = DeepseekV4Model(TINY, tp=TPContext(0, 1, groups.self_group), moe_backend="capacity")
-    ids, nxt = ids_for(11, seed=3)
-    trace = RoutingTrace()
-    c = cap.forward(ids, nxt, routing=trace)
-    with torch.no_grad():
-        rc = ref_cap(ids, sharded=False, mtp_input_ids=nxt, routing=RoutingTrace(trace.recorded))
-    assert (c.logits - rc.logits).abs().max().item() <= logits_tolerance(layers, rc.logits)
-    return checked
-
-
-@pytest.mark.parametrize("world,threshold", [(2, 4), (3, 5)])
-def test_sp_on_vs_off_vs_tp1(world, threshold):
-    results = run_world(world, worker_tp_vs_sp_vs_tp1, threshold)
-    expected = [(T, T >= threshold) for T in token_cases(world, threshold)]
-    assert results == [expected] * world
-    assert any(s for _, s in expected) and any(not s for _, s in expected)

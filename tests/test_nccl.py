@@ -9,7 +9,7 @@ import torch
 
 from dist_harness import run_world
 from mhc_sp import ops
-from mhc_sp import reference as R
+from mhc_sp.testing import random_inputs
 from test_sp_ops import boundary_cases, worker_fused_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
@@ -37,7 +37,7 @@ def worker_graph_capture(rank, world):
     group = msd.init(device="cuda")
     dev = torch.device("cuda", torch.cuda.current_device())
     T, n, H = 24, 4, 256
-    i = {k: v.to(dev) for k, v in R.random_inputs(T, n, H, seed=3).items()}
+    i = {k: v.to(dev) for k, v in random_inputs(T, n, H, seed=3).items()}
     gen = torch.Generator().manual_seed(rank)
     partial = torch.randn(T, H, generator=gen).to(dev, torch.bfloat16)
     shard = {k: ops.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")}

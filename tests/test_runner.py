@@ -1,21 +1,27 @@
-"""The runner (issue 4 §3): padding, the one SP decision, plans with CUDA graph sizes, and on four
-gloo ranks pipeline stages pp=2 x tp=2 handing token-sharded tensors to each other (plus tp=4)."""
+"""The runner: padding, the one SP decision (at sp_threshold, whatever the compile pass says), plans
+with CUDA graph sizes, MTP draft steps as forwards of their own; and on one world of six gloo ranks
+every engine of tp 2 and 3 x pp 1 and 2: SP on vs off vs tp=1 logits for token counts below, at and
+above the threshold, multi-step drafts checked step by step against tp=1, pipeline hand-offs,
+padding that never leaks."""
+
+import hashlib
 
 import pytest
 import torch
 
 import mhc_sp.distributed as msd
 from dist_harness import run_world
-from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
-from mhc_sp.runner import (ForwardPlan, ModelRunner, init_parallel_groups, is_sharded,
-                           logits_tolerance, plan_forward, sp_padded_tokens)
+from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig, PassConfig
+from mhc_sp.runner import (ForwardPlan, ModelRunner, ParallelGroups, init_parallel_groups,
+                           is_sharded, logits_tolerance, plan_forward, sp_padded_tokens)
 
 TINY = ModelConfig.tiny()
 
 
-def engine(tp, sp=None, max_graph=0, eager=False, pp=1, model=TINY):
+def engine(tp, sp=None, max_graph=0, eager=False, pp=1, model=TINY, spec=0, backend="naive"):
     return EngineConfig(model, ParallelConfig(tp, pp, sp),
-                        CompilationConfig(max_cudagraph_capture_size=max_graph), enforce_eager=eager)
+                        CompilationConfig(max_cudagraph_capture_size=max_graph),
+                        enforce_eager=eager, moe_backend=backend, num_speculative_tokens=spec)
 
 
 # ---- the decision ------------------------------------------------------------------------------
@@ -50,6 +56,28 @@ def test_plan_eager_and_compiled_paths_agree():
         assert plan_forward(T, engine(4, 6, eager=True)) == plan_forward(T, engine(4, 6))
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_sp_engages_at_sp_threshold_whatever_the_compile_pass_minimum(eager):
+    # The compile pass keeps a larger minimum of its own; the in-forward SP still follows
+    # sp_threshold, with or without enforce_eager.
+    e = EngineConfig(TINY, ParallelConfig(2, 1, 16),
+                     CompilationConfig(PassConfig(sp_min_token_num=32)), enforce_eager=eager)
+    assert plan_forward(20, e) == ForwardPlan(20, 20, True, None)
+    assert plan_forward(17, e) == ForwardPlan(17, 18, True, None)
+    assert plan_forward(15, e) == ForwardPlan(15, 15, False, None)
+
+
+def test_no_sp_unless_parallel_enables_it():
+    # The compile pass switched on by hand does not enable the in-forward SP: sp_threshold is None.
+    e = EngineConfig(TINY, ParallelConfig(2, 1, None), CompilationConfig(PassConfig(True, 8)))
+    for T in (8, 9, 40):
+        assert plan_forward(T, e) == ForwardPlan(T, T, False, None)
+    # ... nor does the MoE backend rule fire.
+    e = EngineConfig(TINY, ParallelConfig(2, 1, None), CompilationConfig(PassConfig(True, 8)),
+                     moe_backend="capacity")
+    assert not plan_forward(9, e).sharded
+
+
 def test_cuda_graph_plans_never_shard():
     # Only the plan is computed: no CUDA needed. Sizes 1, 2, 4, 8, 16 are captured.
     e = engine(2, sp=17, max_graph=16)
@@ -74,22 +102,54 @@ def test_logits_tolerance_grows_with_depth_and_scale():
 
 # ---- world of one ------------------------------------------------------------------------------
 
-def test_runner_world_of_one_and_input_errors():
+def test_runner_world_of_one_drafts_and_input_errors():
     try:
-        runner = ModelRunner(engine(1, sp=2))
+        runner = ModelRunner(engine(1, sp=2, spec=3))
         ids = torch.arange(5)
-        out = runner.forward(ids, ids.roll(-1))
+        out = runner.forward(ids, return_final_stream=True)
         assert out.plan == ForwardPlan(5, 5, False, None)  # tp = 1: SP never engages
-        assert out.logits.shape == (5, 240) and out.mtp_logits.shape == (5, 240)
-        assert {"embed", "boundary", "attention", "moe", "lm_head", "mtp", "total"} <= set(out.timings)
+        assert out.logits.shape == (5, 240) and out.final_stream.shape == (5, 4 * 96)
+        assert out.final_stream.dtype == torch.bfloat16
+        assert {"embed", "boundary", "attention", "moe", "lm_head", "total"} <= set(out.timings)
+        assert runner.forward(ids).final_stream is None  # only when asked
+
+        drafts = runner.propose(out.final_stream, ids.roll(-1), last_token_indices=[1, 4])
+        assert [tuple(t.shape) for t in drafts.logits] == [(5, 240), (2, 240), (2, 240)]
+        assert [p.num_tokens for p in drafts.plans] == [5, 2, 2]
+        assert torch.equal(drafts.tokens[0], ids.roll(-1))
+        # Each later step is fed the previous step's greedy choice on the selected rows.
+        assert torch.equal(drafts.tokens[1], drafts.logits[0][[1, 4]].argmax(-1))
+        assert torch.equal(drafts.tokens[2], drafts.logits[1].argmax(-1))
+        assert {"mtp", "total"} <= set(drafts.timings)
+        # Step 0 is the MTP on every row; one step alone gives the same logits.
+        one = runner.propose(out.final_stream, ids.roll(-1), num_steps=1)
+        assert len(one.logits) == 1 and torch.equal(one.logits[0], drafts.logits[0])
+        # The stream is fed back: replaying step 1 from another stream changes step 2.
+        forced = [None, torch.tensor([7, 7]), torch.tensor([7, 7])]
+        a = runner.propose(out.final_stream, ids.roll(-1), last_token_indices=[1, 4],
+                           draft_tokens=forced)
+        b = runner.propose(torch.zeros_like(out.final_stream), ids.roll(-1),
+                           last_token_indices=[1, 4], draft_tokens=forced)
+        assert torch.equal(a.tokens[1], forced[1]) and not torch.equal(a.logits[2], b.logits[2])
+
         with pytest.raises(ValueError, match=r"input_ids: expected token ids in \[0, 240\), got values in \[-1, 3\]"):
             runner.forward(torch.tensor([-1, 3]))
         with pytest.raises(ValueError, match="input_ids: expected at least one token, got 0"):
             runner.forward(torch.zeros(0, dtype=torch.int64))
-        with pytest.raises(ValueError, match="mtp_input_ids: expected 5 tokens"):
-            runner.forward(ids, ids[:4])
         with pytest.raises(ValueError, match="input_ids: expected a 1-D int64 tensor"):
             runner.forward(ids.float())
+        with pytest.raises(ValueError, match=r"final_stream: expected a bfloat16 tensor of "
+                                             r"shape \(4, 384\)"):
+            runner.propose(out.final_stream, ids[:4])
+        with pytest.raises(ValueError, match=r"last_token_indices: expected a non-empty 1-D "
+                                             r"list of row indices in \[0, 5\), got \[5\]"):
+            runner.propose(out.final_stream, ids, last_token_indices=[5])
+        with pytest.raises(ValueError, match="num_steps: expected a positive int"):
+            runner.propose(out.final_stream, ids, num_steps=0)
+        with pytest.raises(ValueError, match="num_steps: expected a positive int"):
+            ModelRunner(engine(1), runner.groups).propose(out.final_stream, ids)
+        with pytest.raises(ValueError, match="draft_tokens: expected at least 3 steps"):
+            runner.propose(out.final_stream, ids, draft_tokens=forced[:2])
         with pytest.raises(TypeError, match="engine: expected an EngineConfig"):
             ModelRunner(TINY)
         with pytest.raises(ValueError, match=r"tensor_parallel_size=2 x pipeline_parallel_size=1 needs "
@@ -99,75 +159,205 @@ def test_runner_world_of_one_and_input_errors():
         msd.destroy()
 
 
-# ---- four gloo ranks: pp=2 x tp=2, and tp=4 ------------------------------------------------------
+# ---- one world of six gloo ranks: tp 2 and 3 x pp 1 and 2 ---------------------------------------
 
-def worker_pipeline(rank, world):
+THRESHOLD = 4
+ENGINES = [(2, 1), (3, 1), (2, 2), (3, 2)]
+WORLD = 6
+SPEC = 2  # draft steps
+
+
+def token_cases(tp, pp):
+    """pp=1: fewer tokens than ranks, below / at / above the threshold, odd counts; pp=2: one
+    count below and one above."""
+    if pp == 2:
+        return [3, 9]
+    return sorted({1, tp - 1, THRESHOLD - 1, THRESHOLD, THRESHOLD + 1, 9, 17} - {0})
+
+
+def draft_rows(T):
+    """Rows the later draft steps run on: five of them (at the threshold, so those steps shard
+    on their own) for T >= 9, else the last token only (a step too small to shard)."""
+    return [2, 4, 5, 6, T - 1] if T >= 9 else [T - 1]
+
+
+def engine_groups(rank, tp, pp, self_name):
+    """This rank's ParallelGroups for an engine on world ranks 0 .. tp*pp-1, laid out as
+    init_parallel_groups lays out a whole world (None on the ranks outside). Collective over the
+    world: every rank creates every group."""
     import torch.distributed as dist
 
-    from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
-    from mhc_sp.reference import shard_rows
+    from mhc_sp.model import TPContext
 
-    cfg = ModelConfig.tiny(num_layers=3)  # stage 0: layers 0-1, stage 1: layer 2 + MTP
-    layers = cfg.num_layers + cfg.num_mtp_layers
-    groups = init_parallel_groups(ParallelConfig(2, 2))
-    assert (groups.pp_rank, groups.tp.rank) == divmod(rank, 2)
-    on = ModelRunner(engine(2, sp=4, pp=2, model=cfg), groups)
-    off = ModelRunner(engine(2, pp=2, model=cfg), groups)
-    ref = DeepseekV4Model(cfg, tp=TPContext(0, 1, groups.self_group))
+    if tp * pp == WORLD:
+        return init_parallel_groups(ParallelConfig(tp, pp))
+    tp_groups = [dist.new_group([p * tp + r for r in range(tp)]) for p in range(pp)]
+    pp_groups = [dist.new_group([p * tp + r for p in range(pp)]) for r in range(tp)]
+    if rank >= tp * pp:
+        return None
+    pp_rank, tp_rank = divmod(rank, tp)
+    return ParallelGroups(TPContext(tp_rank, tp, msd.init(tp_groups[pp_rank])), pp_rank, pp,
+                          pp_groups[tp_rank], self_name)
+
+
+def digest(t):
+    return hashlib.sha1(t.contiguous().view(torch.int16).numpy().tobytes()).hexdigest()
+
+
+def run_engine(rank, groups, tp, pp):
+    """Every check of one engine on this rank; returns what the parent compares across ranks."""
+    import torch.distributed as dist
+
+    from mhc_sp.model import RoutingTrace, TPContext
+    from mhc_sp.ops import shard_rows
+
+    on = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC), groups)
+    off = ModelRunner(engine(tp, pp=pp, spec=SPEC), groups)
+    on_eager = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC, eager=True), groups)
+    one = ParallelGroups(TPContext(0, 1, groups.self_group), self_group=groups.self_group)
+    ref = ModelRunner(engine(1, spec=SPEC), one) if on.is_last_stage else None
     sent = []
-    if groups.pp_rank == 0:  # record what stage 0 hands over
+    if groups.pp_rank == 0 and pp > 1:  # record what stage 0 hands over
         original = on._send
         on._send = lambda it: (sent.append([tuple(t.shape) for t in it.tensors()]), original(it))[1]
-    decisions = []
-    for T in (1, 3, 4, 7, 9):
-        tag = f"[pp=2 tp=2 rank={rank} T={T}]"
-        g = torch.Generator().manual_seed(T)
-        ids, nxt = (torch.randint(0, cfg.vocab_size, (T,), generator=g) for _ in range(2))
-        trace = RoutingTrace()
-        a = on.forward(ids, nxt, routing=trace)
-        b = off.forward(ids, nxt)
-        decisions.append((T, a.plan.padded_tokens, a.plan.sharded))
-        # Every stage's MoE choices, in model order, for replaying them in the tp=1 reference.
-        stages = [None, None]
-        dist.all_gather_object(stages, [t.cpu() for t in trace.recorded], group=groups.pp_group)
-        if groups.pp_rank == 0:
-            assert a.logits is None and b.logits is None, tag
-            rows = shard_rows(a.plan.padded_tokens, 2) if a.plan.sharded else T
-            assert sent[-1] == [(rows, 96), (rows, 4, 96), (rows, 4), (rows, 4, 4)], tag
-            continue
-        assert torch.equal(a.logits, b.logits) and torch.equal(a.mtp_logits, b.mtp_logits), tag + " SP on vs off"
-        with torch.no_grad():
-            r = ref(ids, sharded=False, mtp_input_ids=nxt,
-                    routing=RoutingTrace([t for stage in stages for t in stage]))
-        for name, x, y in (("logits", a.logits, r.logits), ("mtp_logits", a.mtp_logits, r.mtp_logits)):
-            diff = (x - y).abs().max().item()
-            assert diff <= logits_tolerance(layers, y), f"{tag} {name} vs tp=1: {diff}"
-    if groups.pp_rank == 0:  # sharded hand-offs carried ceil(T/tp) rows: 1, 2 -> 2, 4 -> 4, 5 rows
-        assert [s[0][0] for s in sent] == [1, 3, 2, 4, 5]
-
-    # tp=4 (pp=1) on the same four ranks: fewer tokens than ranks, and an odd count above threshold.
-    groups4 = init_parallel_groups(ParallelConfig(4))
-    on4 = ModelRunner(engine(4, sp=4), groups4)
-    off4 = ModelRunner(engine(4), groups4)
-    for T in (3, 9):
+    results = []
+    for T in token_cases(tp, pp):
+        tag = f"[tp={tp} pp={pp} rank={rank} T={T}]"
         g = torch.Generator().manual_seed(T)
         ids, nxt = (torch.randint(0, TINY.vocab_size, (T,), generator=g) for _ in range(2))
+        rows = draft_rows(T)
         trace = RoutingTrace()
-        a, b = on4.forward(ids, nxt, routing=trace), off4.forward(ids, nxt)
-        assert a.plan.sharded == (T >= 4) and a.plan.padded_tokens == (12 if T == 9 else 3)
-        torch.testing.assert_close(a.logits, b.logits, atol=1e-2, rtol=1e-2)
+        a = on.forward(ids, return_final_stream=True, routing=trace)
+        da = on.propose(a.final_stream, nxt, last_token_indices=rows, routing=trace)
+        b = off.forward(ids, return_final_stream=True)
+        db = off.propose(b.final_stream, nxt, last_token_indices=rows, draft_tokens=da.tokens)
+        e = on_eager.forward(ids)
+        assert e.plan == a.plan, tag
+        padded = -(-T // tp) * tp if T >= THRESHOLD else T
+        assert a.plan == ForwardPlan(T, padded, T >= THRESHOLD), tag
+        assert not b.plan.sharded and b.plan.padded_tokens == T, tag
+        result = {"T": T, "plan": (a.plan.padded_tokens, a.plan.sharded),
+                  "drafts": [(p.num_tokens, p.padded_tokens, p.sharded) for p in da.plans]}
+        # Every stage's MoE choices in model order (layers, then the draft steps) for the replay.
+        recorded = [t.cpu() for t in trace.recorded]
+        if pp > 1:
+            stages = [None] * pp
+            dist.all_gather_object(stages, recorded, group=groups.pp_group)
+            recorded = [t for stage in stages for t in stage]
+        if not on.is_last_stage:
+            assert a.logits is None and a.final_stream is None and da.logits == [], tag
+            rows_sent = shard_rows(a.plan.padded_tokens, tp) if a.plan.sharded else T
+            assert sent[-1] == [(rows_sent, 96), (rows_sent, 4, 96), (rows_sent, 4),
+                                (rows_sent, 4, 4)], tag
+            results.append(result)
+            continue
+        assert torch.equal(e.logits, a.logits), tag + " eager path"
+        assert a.logits.shape == (T, TINY.vocab_size), tag
+        assert a.final_stream.shape == (T, 4 * 96), tag  # gathered: every row on every rank
+        result["final_stream"] = digest(a.final_stream)
+        result["draft_tokens"] = [t.tolist() for t in da.tokens]
+        # SP changes nothing: with two ranks every reduction sums two values, the same fp32
+        # result in either order, so SP on and off are bit-identical; with three, within tolerance.
+        pairs = [("logits", a.logits, b.logits), ("final_stream", a.final_stream, b.final_stream)]
+        pairs += [(f"draft step {j}", x, y) for j, (x, y) in enumerate(zip(da.logits, db.logits))]
+        for name, x, y in pairs:
+            if tp == 2:
+                assert torch.equal(x, y), f"{tag} SP on vs off {name}"
+            else:
+                torch.testing.assert_close(x.float(), y.float(), atol=3e-2, rtol=2e-2,
+                                           msg=lambda m: f"{tag} {name}: {m}")
+        # ... and matches tp=1 on the same weights, step by step, with the routing and the
+        # drafted tokens replayed from this run.
+        replay = RoutingTrace(recorded)
+        r = ref.forward(ids, return_final_stream=True, routing=replay)
+        dr = ref.propose(r.final_stream, nxt, last_token_indices=rows, draft_tokens=da.tokens,
+                         routing=replay)
+        depth = TINY.num_layers
+        for name, x, y, layers in [("logits", a.logits, r.logits, depth)] + [
+                (f"draft step {j}", x, y, depth + j + 1)
+                for j, (x, y) in enumerate(zip(da.logits, dr.logits))]:
+            diff, tol = (x - y).abs().max().item(), logits_tolerance(layers, y)
+            assert diff <= tol, f"{tag} vs tp=1 {name}: max_abs_diff={diff} > {tol}"
+        results.append(result)
+    if sent:  # sharded hand-offs carried ceil(T/tp) rows
+        assert [s[0][0] for s in sent] == [3, shard_rows(-(-9 // tp) * tp, tp)]
+
+    if pp == 1:
+        check_padding_and_capacity(on, groups, tp)
+    return results
+
+
+def check_padding_and_capacity(on, groups, tp):
+    from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
+
+    # Padding tokens never reach real tokens: other pad contents, same real rows, bit for bit,
+    # in the main forward and in a draft step.
+    T, P = 9, 12  # 12 rows: a multiple of every test TP size
+    g = torch.Generator().manual_seed(99)
+    ids, nxt = (torch.randint(0, TINY.vocab_size, (T,), generator=g) for _ in range(2))
+    outs = []
+    for fill in (0, 7, 239):
+        pad_ids = torch.cat([ids, torch.full((P - T,), fill)])
         with torch.no_grad():
-            r = DeepseekV4Model(TINY, tp=TPContext(0, 1, groups4.self_group))(
-                ids, sharded=False, mtp_input_ids=nxt, routing=RoutingTrace(trace.recorded))
-        assert (a.logits - r.logits).abs().max().item() <= logits_tolerance(3, r.logits)
-        assert (a.mtp_logits - r.mtp_logits).abs().max().item() <= logits_tolerance(3, r.mtp_logits)
-        decisions.append((T, a.plan.padded_tokens, a.plan.sharded))
-    return decisions
+            o = on.model(pad_ids, sharded=True, return_final_stream=True)
+            pad_nxt = torch.cat([nxt, torch.full((P - T,), (fill * 3) % 240)])
+            d = on.model.mtp_forward(o.final_stream, pad_nxt, sharded=True)
+        outs.append((o.logits[:T], d.logits[:T], o.logits[T:]))
+    for o in outs[1:]:
+        assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]), "padding leaked"
+    assert not torch.equal(outs[1][2], outs[0][2])  # the padding rows themselves did change
+
+    # Capacity backend without SP: tp matches tp=1 too (routing replayed).
+    cap = ModelRunner(engine(tp, backend="capacity"), groups)
+    ref_cap = DeepseekV4Model(TINY, tp=TPContext(0, 1, groups.self_group), moe_backend="capacity")
+    ids = torch.randint(0, TINY.vocab_size, (11,), generator=g)
+    trace = RoutingTrace()
+    c = cap.forward(ids, routing=trace)
+    with torch.no_grad():
+        rc = ref_cap(ids, sharded=False, routing=RoutingTrace(trace.recorded))
+    assert (c.logits - rc.logits).abs().max().item() <= logits_tolerance(TINY.num_layers, rc.logits)
 
 
-def test_pipeline_pp2_tp2_and_tp4_on_four_ranks():
-    results = run_world(4, worker_pipeline)
-    # Every rank and every stage took the same decisions.
-    assert all(r == results[0] for r in results)
-    assert results[0] == [(1, 1, False), (3, 3, False), (4, 4, True), (7, 8, True), (9, 10, True),
-                          (3, 3, False), (9, 12, True)]
+def world_worker(rank, world):
+    import torch.distributed as dist
+
+    selves = [dist.new_group([r]) for r in range(world)]
+    self_name = msd.init(selves[rank])
+    results = {}
+    for tp, pp in ENGINES:
+        groups = engine_groups(rank, tp, pp, self_name)
+        if groups is not None:
+            assert (groups.pp_rank, groups.tp.rank) == divmod(rank, tp)
+            results[(tp, pp)] = run_engine(rank, groups, tp, pp)
+        dist.barrier()
+    return results
+
+
+@pytest.fixture(scope="module")
+def world():
+    return run_world(WORLD, world_worker, timeout=300)
+
+
+@pytest.mark.parametrize("tp,pp", ENGINES)
+def test_engine_on_six_ranks(world, tp, pp):
+    ranks = [r for r in range(tp * pp)]
+    per_rank = [world[r][(tp, pp)] for r in ranks]
+    assert all((tp, pp) not in world[r] for r in range(tp * pp, WORLD))
+    # Every rank and every stage took the same SP decisions for the main forward.
+    plans = [[(x["T"], x["plan"]) for x in rank] for rank in per_rank]
+    assert all(p == plans[0] for p in plans)
+    cases = token_cases(tp, pp)
+    assert plans[0] == [(T, ((-(-T // tp) * tp, True) if T >= THRESHOLD else (T, False)))
+                        for T in cases]
+    # The last stage's TP ranks hold the same gathered final stream, drafted the same tokens and
+    # planned every draft step on its own: step 0 on all T rows, later steps on the selected rows.
+    last = per_rank[(pp - 1) * tp:]
+    for key in ("final_stream", "draft_tokens", "drafts"):
+        assert all([x[key] for x in rank] == [x[key] for x in last[0]] for rank in last), key
+    for x in last[0]:
+        T, n = x["T"], len(draft_rows(x["T"]))
+        step0 = (T, -(-T // tp) * tp, True) if T >= THRESHOLD else (T, T, False)
+        later = (n, -(-n // tp) * tp, True) if n >= THRESHOLD else (n, n, False)
+        assert x["drafts"] == [step0] + [later] * (SPEC - 1)
+    # Both kinds of draft decision occur: a sharded main forward with replicated later steps.
+    assert any(x["plan"][1] and not x["drafts"][1][2] for x in last[0]) or pp == 2

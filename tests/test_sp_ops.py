@@ -10,7 +10,7 @@ from dist_harness import COLLECTIVE_TIMEOUT_S, run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.reference import assert_close
+from mhc_sp.testing import assert_close, random_inputs
 
 CFG = MhcConfig()
 
@@ -58,7 +58,7 @@ def worker_fused_ops(rank, world, device_type="cpu"):
     checked = 0
     for case_id, (T, extra, n, H, sharded, norm) in enumerate(boundary_cases(world)):
         tag = f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
-        i = R.random_inputs(T, n, H, seed=100 + case_id)
+        i = random_inputs(T, n, H, seed=100 + case_id)
         w = i["norm_weight"] if norm else None
 
         # fused_entry: the embedding output x is replicated.
@@ -118,7 +118,7 @@ def worker_compiled_boundary(rank, world):
 
     group = msd.init()
     T, n, H = 11, 4, 64
-    i = R.random_inputs(T, n, H, seed=5)
+    i = random_inputs(T, n, H, seed=5)
     partials = partials_for(world, T, H, seed=6)
     res = R.shard_tokens(i["residual"], rank, world)
     post = R.shard_tokens(i["post"], rank, world)
@@ -144,7 +144,7 @@ def worker_wrong_shape(rank, world):
 
     group = msd.init()
     T, n, H = 8, 4, 64
-    i = R.random_inputs(T, n, H, seed=1)
+    i = random_inputs(T, n, H, seed=1)
     partial = partials_for(world, T, H, seed=2)[rank]
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
     if rank == 1:
@@ -217,7 +217,7 @@ def test_world_of_one_without_torch_distributed():
 
     group = msd.init()
     T, n, H = 5, 4, 64
-    i = R.random_inputs(T, n, H, seed=8)
+    i = random_inputs(T, n, H, seed=8)
     for sharded in (True, False):
         got = ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
                               i["base"], i["norm_weight"], group, sharded, T)

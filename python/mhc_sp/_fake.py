@@ -10,6 +10,7 @@ import torch
 from torch.library import register_fake
 
 from .distributed import world_size_of
+from .ops import shard_rows
 
 
 def _check_devices(**tensors):
@@ -25,10 +26,6 @@ def _pre_outputs(residual_like: torch.Tensor, T, n, H):
     return (residual_like.new_empty((T, n), dtype=torch.float32),
             residual_like.new_empty((T, n, n), dtype=torch.float32),
             residual_like.new_empty((T, H), dtype=torch.bfloat16))
-
-
-def _shard_rows(T, world):
-    return (T + world - 1) // world
 
 
 @register_fake("mhc_sp::mhc_pre")
@@ -69,7 +66,7 @@ def _(residual, fn, hc_scale, hc_base, rms_eps, hc_eps):
 
 @register_fake("mhc_sp::shard_tokens")
 def _(x, rank, world_size):
-    return x.new_empty((_shard_rows(x.shape[0], world_size), *x.shape[1:]))
+    return x.new_empty((shard_rows(x.shape[0], world_size), *x.shape[1:]))
 
 
 @register_fake("mhc_sp::all_gather")
@@ -80,7 +77,7 @@ def _(x, group, num_tokens):
 
 @register_fake("mhc_sp::reduce_scatter")
 def _(x, group):
-    return x.new_empty((_shard_rows(x.shape[0], world_size_of(group)), *x.shape[1:]))
+    return x.new_empty((shard_rows(x.shape[0], world_size_of(group)), *x.shape[1:]))
 
 
 @register_fake("mhc_sp::all_reduce")
@@ -92,7 +89,7 @@ def _(x, group):
 def _(x, fn, hc_scale, hc_base, norm_weight, group, sharded, *scalars):
     T, H = x.shape
     n = fn.shape[1] // H
-    rows = _shard_rows(T, world_size_of(group)) if sharded else T
+    rows = shard_rows(T, world_size_of(group)) if sharded else T
     post, comb, _unused = _pre_outputs(x, rows, n, H)
     return x.new_empty((rows, n, H)), post, comb, x.new_empty((T, H))
 

@@ -1,4 +1,4 @@
-"""Typed Python API over ``torch.ops.mhc_sp.*`` (DESIGN §2).
+"""Typed Python API over ``torch.ops.mhc_sp.*`` (docs/design.md, "Op schemas").
 
 Every function takes the mHC constants from an ``MhcConfig`` (DeepSeek-V4 defaults). Stream
 tensors are bf16 and contiguous: ``residual (T, n, H)``, hidden states ``(T, H)``; coefficients are
@@ -59,6 +59,12 @@ def hc_head(residual: Tensor, fn: Tensor, hc_scale: Tensor, hc_base: Tensor,
             cfg: MhcConfig = DEFAULT) -> Tensor:
     """Final collapse: fn (n, n*H), hc_scale (1,), hc_base (n,) -> hidden (T, H) bf16."""
     return _ops.hc_head(residual, fn, hc_scale, hc_base, cfg.rms_eps, cfg.hc_eps)
+
+
+def shard_rows(num_tokens: int, world_size: int) -> int:
+    """Rows each rank owns of a sharded ``num_tokens``-row tensor: ``ceil(num_tokens / world_size)``
+    (``shard_tokens``, ``reduce_scatter`` and the sharded stream of the fused ops)."""
+    return -(-num_tokens // world_size)
 
 
 def shard_tokens(x: Tensor, rank: int, world_size: int) -> Tensor:

@@ -1,8 +1,9 @@
-"""Plain-PyTorch reference of the mHC math (DESIGN §1) and of the sequence-parallel flow (§2).
+"""Plain-PyTorch reference of the mHC math and of the sequence-parallel flow (docs/design.md).
 
 Readable rather than fast: tests and benchmarks both compare against it. All arithmetic is fp32;
 bf16 appears only where the contract rounds (stream tensors, layer_input). The SP functions
-simulate a whole TP group in one process: they take and return one tensor per rank.
+simulate a whole TP group in one process: they take and return one tensor per rank. Each math
+function takes its arguments the way its ``mhc_sp.ops`` wrapper does.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """bf16 in, bf16 out, fp32 math."""
+    """RMSNorm over the last dim: bf16 in, bf16 out, fp32 math (the ops' fused norm; the model's
+    final norm uses it too)."""
     y = x.float()
-    return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+    scale = torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
+    return (y * scale * weight.float()).to(torch.bfloat16)
 
 
 def mhc_pre(residual, fn, hc_scale, hc_base, norm_weight=None, cfg: MhcConfig = DEFAULT):
@@ -71,39 +74,42 @@ def mhc_pre_broadcast(x, fn, hc_scale, hc_base, norm_weight=None, cfg: MhcConfig
     return (residual, *mhc_pre(residual, fn, hc_scale, hc_base, norm_weight, cfg))
 
 
-def hc_head(residual, fn, hc_scale, hc_base, rms_eps: float = DEFAULT.rms_eps,
-            hc_eps: float = DEFAULT.hc_eps):
+def hc_head(residual, fn, hc_scale, hc_base, cfg: MhcConfig = DEFAULT):
     """Final collapse of the n streams into one hidden state (T, H) bf16."""
     T, n, H = residual.shape
     X = residual.float().reshape(T, n * H)
-    mix = (X @ fn.float().t()) * _rms_scale(X, rms_eps)
-    w = torch.sigmoid(mix * hc_scale.float()[0] + hc_base.float()) + hc_eps
+    mix = (X @ fn.float().t()) * _rms_scale(X, cfg.rms_eps)
+    w = torch.sigmoid(mix * hc_scale.float()[0] + hc_base.float()) + cfg.hc_eps
     return (w.unsqueeze(-1) * residual.float()).sum(1).to(torch.bfloat16)
 
 
 # ---- sequence-parallel flow (one tensor per rank) -------------------------------------------
 
-def shard_rows(num_tokens: int, world_size: int) -> int:
-    """Rows each rank owns: ceil(num_tokens / world_size)."""
-    return -(-num_tokens // world_size)
-
-
 def shard_tokens(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Zero-pad dim 0 to a multiple of world_size and return rank's rows."""
-    rows = shard_rows(x.shape[0], world_size)
+    rows = -(-x.shape[0] // world_size)  # written out: the reference leans on nothing it checks
     padded = x.new_zeros((rows * world_size, *x.shape[1:]))
     padded[: x.shape[0]] = x
     return padded[rank * rows:(rank + 1) * rows].clone()
 
 
+def sum_partials(partials: list[torch.Tensor]) -> torch.Tensor:
+    """The ranks' tensors summed in fp32 in rank order 0, 1, ..., rounded once to their dtype."""
+    total = partials[0].float()
+    for p in partials[1:]:
+        total = total + p.float()
+    return total.to(partials[0].dtype)
+
+
 def reduce_scatter(partials: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Sum the ranks' tensors (fp32 accumulation), zero-pad, and give each rank its rows."""
-    total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
+    """Sum the ranks' tensors (``sum_partials``), zero-pad, and give each rank its rows."""
+    total = sum_partials(partials)
     return [shard_tokens(total, r, len(partials)) for r in range(len(partials))]
 
 
 def all_reduce(partials: list[torch.Tensor]) -> list[torch.Tensor]:
-    total = torch.stack([p.float() for p in partials]).sum(0).to(partials[0].dtype)
+    """Every rank gets the whole ``sum_partials``."""
+    total = sum_partials(partials)
     return [total.clone() for _ in partials]
 
 
@@ -149,46 +155,7 @@ def fused_head(partials, residuals, posts, combs, head_fn, head_scale, head_base
     """Per rank: (hidden (num_tokens, H), residual_out) - the final post, then hc_head."""
     xs = _reduce(partials, sharded, num_tokens)
     streams = [mhc_post(x, res, p, c) for x, res, p, c in zip(xs, residuals, posts, combs)]
-    hidden = [hc_head(s, head_fn, head_scale, head_base, rms_eps, hc_eps) for s in streams]
+    cfg = DEFAULT.replace(rms_eps=rms_eps, hc_eps=hc_eps)
+    hidden = [hc_head(s, head_fn, head_scale, head_base, cfg) for s in streams]
     gathered = all_gather(hidden, num_tokens) if sharded else None
     return [((gathered if sharded else h[:num_tokens]), s) for h, s in zip(hidden, streams)]
-
-
-# ---- tolerances and inputs shared by tests and benchmarks ----------------------------------
-
-#: DESIGN §1: fair tolerances for fp32-math kernels.
-COEFF_TOL = dict(rtol=1e-4, atol=1e-5)
-BF16_TOL = dict(rtol=1e-2, atol=2e-2)
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str = "") -> None:
-    """DESIGN's tolerance for the tensor's kind: bf16 streams or fp32 coefficients."""
-    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
-    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    tol = BF16_TOL if expected.dtype == torch.bfloat16 else COEFF_TOL
-    torch.testing.assert_close(actual.float(), expected.float(), **tol, msg=lambda m: f"{name}: {m}")
-
-
-def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
-    """Inputs for every math op at V4-like scales (keys as in the golden file's ``inputs``)."""
-    g = torch.Generator().manual_seed(seed)
-    M = n * (n + 2)
-
-    def randn(*shape, std=1.0):
-        return torch.randn(*shape, generator=g) * std
-
-    comb_logits = randn(T, n, n)
-    out = {
-        "residual": randn(T, n, H).to(torch.bfloat16),
-        "x": randn(T, H).to(torch.bfloat16),
-        "fn": randn(M, n * H, std=(n * H) ** -0.5),
-        "scale": 0.5 + torch.rand(3, generator=g),
-        "base": randn(M, std=0.5),
-        "post": 2 * torch.sigmoid(randn(T, n)),
-        "comb": sinkhorn(comb_logits, 20, 1e-6),
-        "head_fn": randn(n, n * H, std=(n * H) ** -0.5),
-        "head_scale": 0.5 + torch.rand(1, generator=g),
-        "head_base": randn(n, std=0.5),
-        "norm_weight": (1 + randn(H, std=0.1)).to(torch.bfloat16),
-    }
-    return {k: v.to(device) for k, v in out.items()}

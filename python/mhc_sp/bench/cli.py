@@ -1,6 +1,8 @@
 """Entry point of ``mhc-sp-bench`` (``pyproject``: ``mhc-sp-bench = mhc_sp.bench.cli:main``).
 
-Without a subcommand it runs a quick ``layer`` comparison. Subcommands are discovered, not listed: every module ``mhc_sp.bench.<name>_cmd`` that defines
+Without a subcommand it runs a quick ``tune``: it measures from how many tokens sequence
+parallelism pays off on this machine and recommends ``--sp-threshold``. Subcommands are
+discovered, not listed: every module ``mhc_sp.bench.<name>_cmd`` that defines
 ``register(subparsers)`` adds its parser there and sets ``func`` (``func(args) -> int`` exit code)
 with ``parser.set_defaults(func=...)``.
 """
@@ -10,13 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
 PROG = "mhc-sp-bench"
-
-#: What ``mhc-sp-bench`` alone runs: one boundary, fused vs replicated vs separate ops, on 2 ranks.
-QUICK_LAYER = ["--tp", "2", "--tokens", "16,256,2048", "--hidden", "4096", "--warmup", "2", "--repeats", "10"]
 
 
 def subcommand_modules() -> list[ModuleType]:
@@ -34,7 +34,10 @@ def subcommand_modules() -> list[ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Benchmarks and checks for mhc_sp.")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Benchmarks and checks for mhc_sp. Without a command: a quick "
+                               "`tune` (tp=2, hidden 4096) that recommends --sp-threshold for "
+                               "this machine.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in subcommand_modules():
         module.register(subparsers)
@@ -49,9 +52,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Parsed arguments; no subcommand means ``layer`` with ``QUICK_LAYER``."""
+    """Parsed arguments; no subcommand means the quick ``tune``."""
+    from .tune_cmd import QUICK
+
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["layer", *QUICK_LAYER])
+        args = parser.parse_args(["tune", *QUICK])
+    args.argv = argv  # what the JSON records as the command line
     return args

@@ -14,7 +14,7 @@ import torch
 from ..launch import run_world
 from . import report
 from ..profiling import phase, profiled
-from .ops_cmd import add_common_args, int_list
+from .flags import add_common_args, int_list
 from .timing import rank_device, time_across_ranks
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")

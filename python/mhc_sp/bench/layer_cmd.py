@@ -8,9 +8,10 @@ import torch
 
 from .. import reference as R
 from ..launch import run_world
+from ..testing import random_inputs
 from . import report
 from ..profiling import phase, profiled
-from .ops_cmd import add_common_args, int_list
+from .flags import add_common_args, int_list
 from .timing import rank_device, time_across_ranks
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
@@ -38,6 +39,14 @@ def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) 
     }
 
 
+def boundary_case(T: int, H: int, n: int, rank: int, world: int, group: str, device) -> dict:
+    """Seeded inputs of one boundary of T tokens on this rank, as :func:`boundary_paths`."""
+    i = random_inputs(T, n, H, seed=0, device=device)
+    gen = torch.Generator().manual_seed(1 + rank)
+    partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
+    return boundary_paths(i, partial, rank, world, group, T)
+
+
 def _worker(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: int, repeats: int,
             device_type: str, profile=None, trace=None):
     import mhc_sp.distributed as msd
@@ -47,10 +56,7 @@ def _worker(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: in
     out = []
     with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
         for T in tokens:
-            i = R.random_inputs(T, n, H, seed=0, device=device)
-            gen = torch.Generator().manual_seed(1 + rank)
-            partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
-            for name, fn in boundary_paths(i, partial, rank, world, group, T).items():
+            for name, fn in boundary_case(T, H, n, rank, world, group, device).items():
                 with phase(f"{name} T={T}"):
                     out.append({"tokens": T, "path": name,
                                 "median": time_across_ranks(fn, device, warmup, repeats)})

@@ -1,66 +1,30 @@
 """``mhc-sp-bench ops``: every math op against the eager reference and torch.compile of it, with
-achieved bandwidth as a share of the copy bandwidth measured in the same run."""
+achieved bandwidth as a share of the copy bandwidth measured in the same run.
+
+Ops, arguments and bytes moved come from the registry ``mhc_sp.testing.OPS``. "GB/s" is the
+bytes the op must read and write (every argument and output once) over its median time; "%copy"
+compares it with an out-of-place copy of the same bytes, timed interleaved with the op. On CUDA,
+token counts up to ``--graph-max-tokens`` are timed as CUDA-graph replays (launch overhead
+excluded, as an engine's captured decode steps run); the ``graph`` column says which.
+The compiled baseline is ``torch.compile`` of the reference, compiled once per op for the run
+(PyTorch's automatic dynamic shapes: the first size static, the others one dynamic graph), as an
+engine compiles a model once for all batch sizes.
+"""
 
 from __future__ import annotations
 
-import argparse
+import functools
+import time
 
 import torch
 
 from .. import ops
-from .. import reference as R
 from ..config import MhcConfig
-from . import report
 from ..profiling import phase, profiled
+from ..testing import OPS, random_inputs
+from . import report
+from .flags import add_common_args, int_list
 from .timing import copy_call, time_calls
-
-OPS = ("mhc_post", "mhc_pre", "mhc_post_pre", "mhc_pre_broadcast", "hc_head")
-
-
-def bytes_moved(name: str, T: int, n: int, H: int) -> int:
-    """Bytes an ideal kernel reads and writes (bf16 streams, fp32 projection weights)."""
-    stream, hidden, M = 2 * T * n * H, 2 * T * H, n * (n + 2)
-    fn = 4 * M * n * H
-    return {
-        "mhc_post": 2 * stream + hidden,
-        "mhc_pre": stream + fn + hidden,
-        "mhc_post_pre": 2 * stream + 2 * hidden + fn,
-        "mhc_pre_broadcast": stream + 2 * hidden + 4 * M * H,
-        "hc_head": stream + hidden + 4 * n * n * H,
-    }[name]
-
-
-def op_calls(name: str, i: dict, cfg: MhcConfig):
-    """(mhc_sp call, reference callable with the same inputs)."""
-    w = i["norm_weight"]
-    if name == "mhc_post":
-        return (lambda: ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"]),
-                lambda: R.mhc_post(i["x"], i["residual"], i["post"], i["comb"]))
-    if name == "mhc_pre":
-        return (lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg),
-                lambda: R.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], w, cfg))
-    if name == "mhc_post_pre":
-        args = (i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], w)
-        return (lambda: ops.mhc_post_pre(*args, cfg=cfg),
-                lambda: R.mhc_post_pre(*args, cfg=cfg))
-    if name == "mhc_pre_broadcast":
-        return (lambda: ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg),
-                lambda: R.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], i["base"], w, cfg))
-    if name == "hc_head":
-        return (lambda: ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], cfg),
-                lambda: R.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"],
-                                  cfg.rms_eps, cfg.hc_eps))
-    raise KeyError(name)
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
-    return values
 
 
 def register(subparsers) -> None:
@@ -70,92 +34,121 @@ def register(subparsers) -> None:
     p.add_argument("--hidden", type=int_list, default=[4096])
     p.add_argument("--hc-mult", type=int, default=4)
     p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
+    p.add_argument("--no-norm", action="store_true",
+                   help="pre ops without the fused RMSNorm weight")
     p.add_argument("--compare", default="eager,compile",
                    help="baselines: eager reference, torch.compile of it (comma list, or 'none')")
     p.add_argument("--gemm", action="store_true",
                    help="also time one fp32 X @ fn^T (torch.matmul), the bound mhc_pre is held to")
+    p.add_argument("--graph-max-tokens", type=int, default=256,
+                   help="CUDA: time token counts up to this as CUDA-graph replays")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="start no new shape after this many seconds (0: no limit; the first "
+                        "shape always runs)")
     add_common_args(p)
     p.set_defaults(func=run)
 
 
-def add_common_args(p) -> None:
-    """Flags every subcommand shares."""
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--json", help="write results as JSON")
-    p.add_argument("--csv", help="write results as CSV")
-    p.add_argument("--plot", help="write a PNG plot (needs matplotlib)")
-    p.add_argument("--profile", choices=("nsys", "torch"),
-                   help="nsys: cudaProfilerStart/Stop around the measured region (run under "
-                        "nsys profile --capture-range=cudaProfilerApi); torch: a torch.profiler trace")
-    p.add_argument("--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)")
-
-
 def run(args) -> int:
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        report.usage_error("ops", "--device cuda: no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [o for o in args.ops.split(",") if o]
     unknown = sorted(set(names) - set(OPS))
     if unknown:
-        report.usage_error("ops", f"--ops: unknown op(s) {unknown}; choose from {OPS}")
+        report.usage_error("ops", f"--ops: unknown op(s) {unknown}; choose from {list(OPS)}")
     baselines = [] if args.compare == "none" else args.compare.split(",")
     if set(baselines) - {"eager", "compile"}:
         report.usage_error("ops", f"--compare: expected eager,compile or none, got {args.compare!r}")
+    if not 1 <= args.hc_mult <= 8:
+        report.usage_error("ops", f"--hc-mult: expected a value in [1, 8], got {args.hc_mult}")
     cfg = MhcConfig(hc_mult=args.hc_mult)
     with profiled(args.profile, args.trace):
-        rows = measure(args, names, baselines, cfg, device)
+        rows, skipped = measure(args, names, baselines, cfg, device)
     columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
-    columns += [c for c in ("x_gemm", "x_separate", "x_eager", "x_compile") if any(c in r for r in rows)]
+    columns += [c for c in ("graph", "x_gemm", "x_separate", "x_eager", "x_compile")
+                if any(c in r for r in rows)]
 
     def plot(ax, rows):
         for name in names:
             pts = [(r["tokens"], r["GB/s"]) for r in rows if r["op"] == name]
-            ax.plot(*zip(*pts), marker="o", label=name)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
         ax.set_xscale("log")
         ax.set_xlabel("tokens")
         ax.set_ylabel("GB/s")
         ax.legend()
 
-    report.emit("ops", rows, columns, args, device, plot=plot)
+    extra = {"skipped_shapes": skipped} if skipped else None
+    report.emit("ops", rows, columns, args, device, extra=extra, plot=plot)
+    if skipped:
+        print(f"--budget-s {args.budget_s:g} reached: shapes not measured (hidden, tokens): "
+              f"{skipped}")
     return 0
 
 
-def measure(args, names, baselines, cfg, device) -> list[dict]:
-    """One row per (hidden, tokens, op). An op and its baselines are timed interleaved."""
-    rows = []
+def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
+    """One row per (hidden, tokens, op); an op and its baselines are timed interleaved. Returns
+    the rows and the (hidden, tokens) shapes left out by ``--budget-s``."""
+    rows, skipped = [], []
+    compiled = {name: torch.compile(OPS[name].reference) for name in names
+                if "compile" in baselines}
+    start = time.monotonic()
     shapes = [(H, T) for H in args.hidden for T in args.tokens]
-    for H, T in report.progress(shapes, "ops"):
-        i = R.random_inputs(T, args.hc_mult, H, seed=0, device=device)
-        small = T <= 16 and device.type == "cuda"
-        X = i["residual"].float().reshape(T, args.hc_mult * H)
+    for k, (H, T) in enumerate(report.progress(shapes, "ops")):
+        if k and args.budget_s and time.monotonic() - start > args.budget_s:
+            skipped = shapes[k:]
+            break
+        i = random_inputs(T, args.hc_mult, H, seed=0, device=device)
+        graph = device.type == "cuda" and T <= args.graph_max_tokens
         for name in names:
-            fused, reference = op_calls(name, i, cfg)
-            nbytes = bytes_moved(name, T, args.hc_mult, H)
-            fns = {"op": fused, "copy": copy_call(nbytes, device)}
+            info = OPS[name]
+            sample = info.sample(i, norm=not args.no_norm, cfg=cfg)
+            nbytes = info.bytes_moved(sample)
+            fns = {"op": functools.partial(info.op, *sample.args, **sample.kwargs),
+                   "copy": copy_call(nbytes, device)}
             if name == "mhc_post_pre":  # the same work as two ops
-                post_args = (i["x"], i["residual"], i["post"], i["comb"])
-                fns["separate"] = lambda: ops.mhc_pre(ops.mhc_post(*post_args), i["fn"], i["scale"],
-                                                      i["base"], i["norm_weight"], cfg)
+                a = sample.args
+                fns["separate"] = lambda a=a: ops.mhc_pre(ops.mhc_post(*a[:4]), *a[4:], cfg=cfg)
             if args.gemm:
-                fns["gemm"] = lambda: torch.matmul(X, i["fn"].t())
+                X = i["residual"].float().reshape(T, args.hc_mult * H)
+                fns["gemm"] = functools.partial(torch.matmul, X, i["fn"].t())
             if "eager" in baselines:
-                fns["eager"] = reference
+                fns["eager"] = functools.partial(info.reference, *sample.args, **sample.kwargs)
+            compile_error = None
             if "compile" in baselines:
-                torch._dynamo.reset()
-                fns["compile"] = torch.compile(reference, dynamic=False)
+                fns["compile"] = functools.partial(compiled[name], *sample.args, **sample.kwargs)
+                try:  # a baseline that fails to compile is reported, not fatal
+                    fns["compile"]()
+                except Exception as e:  # noqa: BLE001
+                    compile_error = f"{type(e).__name__}: {e}"[:300]
+                    del fns["compile"]
             with phase(f"{name} T={T} H={H}"):
-                t = time_calls(fns, device, args.warmup, args.repeats, cuda_graph=small)
-            op, copy = t["op"], t["copy"]
-            row = {"op": name, "tokens": T, "hidden": H, "median_us": op.median * 1e6,
-                   "p10_us": op.p10 * 1e6, "p90_us": op.p90 * 1e6, "GB/s": nbytes / op.median / 1e9,
-                   "copy_GB/s": nbytes / copy.median / 1e9, "%copy": 100 * copy.median / op.median}
-            if "gemm" in t:
-                row["x_gemm"] = op.median / t["gemm"].median
-            for base in ("separate", "eager", "compile"):
-                if base in t:
-                    row[f"x_{base}"] = t[base].median / op.median
-            rows.append(row)
-    return rows
+                t = time_calls(fns, device, args.warmup, args.repeats, cuda_graph=graph)
+            rows.append(row(name, T, H, nbytes, t, device))
+            if compile_error:
+                rows[-1]["compile_error"] = compile_error
+        del i
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, skipped
+
+
+def row(name: str, T: int, H: int, nbytes: int, t: dict, device: torch.device) -> dict:
+    """One table row from the timings of an op (``t["op"]``), the copy and the baselines."""
+    op, copy = t["op"], t["copy"]
+    r = {"op": name, "tokens": T, "hidden": H, "bytes": nbytes, "median_us": op.median * 1e6,
+         "p10_us": op.p10 * 1e6, "p90_us": op.p90 * 1e6, "GB/s": nbytes / op.median / 1e9,
+         "copy_GB/s": nbytes / copy.median / 1e9, "%copy": 100 * copy.median / op.median}
+    if device.type == "cuda":
+        r["graph"] = op.graph
+    if "gemm" in t:
+        r["x_gemm"] = op.median / t["gemm"].median
+    for base in ("separate", "eager", "compile"):
+        if base in t:
+            r[f"x_{base}"] = t[base].median / op.median
+            if device.type == "cuda":
+                r[f"{base}_graph"] = t[base].graph
+    return r

@@ -11,9 +11,11 @@ Per boundary with T tokens, hidden H, n streams, tp ranks (ring collectives, bf1
 Collective time = steps x latency + bus bytes / link bandwidth (all-reduce: 2(tp-1) steps and
 2(tp-1)/tp x bytes; reduce-scatter / all-gather: tp-1 steps and (tp-1)/tp x bytes); mHC time =
 bytes moved / memory bandwidth + launches x launch overhead. The crossover is the smallest token
-count at which fused SP beats replicated TP: a good ``sp_threshold`` (it must also exceed
-``max_cudagraph_capture_size``). ``--calibrate layer.json`` fits latency, link bandwidth, memory
-bandwidth and launch overhead to measured ``mhc-sp-bench layer --json`` results."""
+count at which fused SP beats replicated TP: the recommended ``--sp-threshold``, raised above
+``--max-cudagraph-capture-size`` when it is not already (SP never engages on a captured size).
+``--calibrate layer.json`` fits latency, link bandwidth, memory bandwidth and launch overhead to
+measured ``mhc-sp-bench layer --json`` results. For the machine you are on, ``mhc-sp-bench tune``
+measures the same answer instead of modelling it."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..config import EngineArgs
 from . import report
-from .ops_cmd import int_list
+from .flags import int_list
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,13 @@ def crossover(H: int, n: int, tp: int, m: Machine, max_tokens: int = 1 << 22) ->
     return hi
 
 
+def recommend_threshold(H: int, n: int, tp: int, m: Machine, max_capture: int = 0) -> int | None:
+    """The ``--sp-threshold`` the model recommends: its crossover, or ``max_capture + 1`` when
+    that is larger; None when fused SP never wins."""
+    x = crossover(H, n, tp, m)
+    return None if x is None else max(x, max_capture + 1)
+
+
 def calibrate(rows: list[dict], n: int = 4) -> Machine:
     """Least-squares fit of the four constants to `layer` results (rows with tp, tokens, hidden and
     *_us times for fused_sharded / fused_replicated / separate_sharded)."""
@@ -132,6 +142,7 @@ def register(subparsers) -> None:
     p.add_argument("--hbm-gbps", type=float, default=d.hbm_gbps)
     p.add_argument("--launch-us", type=float, default=d.launch_us)
     p.add_argument("--calibrate", metavar="LAYER_JSON", help="fit the constants to `layer --json` output")
+    EngineArgs.add_cli_args(p, only=("max_cudagraph_capture_size",))
     p.add_argument("--json")
     p.add_argument("--csv")
     p.add_argument("--plot")
@@ -169,8 +180,19 @@ def run(args) -> int:
 
     report.emit("project", rows, columns, args, torch.device("cpu"),
                 extra={"machine": asdict(m), "calibrated_from": args.calibrate}, plot=plot)
+    where = "calibrated machine" if args.calibrate else (
+        f"{m.link_gbps:g} GB/s links, {m.hbm_gbps:g} GB/s memory")
     for tp in args.tp:
         x = next(r["crossover_tokens"] for r in rows if r["tp"] == tp)
-        print(f"tp={tp}: fused SP beats replicated TP from {x} tokens" if x else
-              f"tp={tp}: no crossover below {1 << 22} tokens")
+        n = recommend_threshold(args.hidden, args.hc_mult, tp, m, args.max_cudagraph_capture_size)
+        prefix = "recommended" if len(args.tp) == 1 else f"recommended for -tp {tp}"
+        if n is None:
+            print(f"tp={tp} ({where}): the model never has fused SP beat replicated TP below "
+                  f"{1 << 22} tokens")
+            print(f"{prefix}: leave --sp-threshold unset (SP off)")
+            continue
+        print(f"tp={tp} ({where}): the model has fused SP beat replicated TP from {x} tokens"
+              + (f"; CUDA graphs run up to {args.max_cudagraph_capture_size}"
+                 if n != x else ""))
+        print(f"{prefix}: --sp-threshold {n}")
     return 0

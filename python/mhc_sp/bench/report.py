@@ -14,8 +14,10 @@ from typing import NoReturn, Sequence
 import torch
 
 
-def command_line() -> str:
-    return " ".join(shlex.quote(a) for a in ["mhc-sp-bench", *sys.argv[1:]])
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces a run: ``argv`` (default: this process's arguments)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join(shlex.quote(a) for a in ["mhc-sp-bench", *argv])
 
 
 def environment(device: torch.device) -> dict:
@@ -48,9 +50,10 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def document(kind: str, rows: list[dict], device: torch.device, extra: dict | None = None) -> dict:
+def document(kind: str, rows: list[dict], device: torch.device, extra: dict | None = None,
+             argv: Sequence[str] | None = None) -> dict:
     """The JSON document of a run: kind, command line, environment, extra fields, rows."""
-    return {"kind": kind, "command": command_line(), "environment": environment(device),
+    return {"kind": kind, "command": command_line(argv), "environment": environment(device),
             **(extra or {}), "rows": rows}
 
 
@@ -63,7 +66,7 @@ def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torc
          extra: dict | None = None, plot=None) -> dict:
     """Print the table and write the files the user asked for. ``plot(ax, rows)`` draws the
     subcommand's figure when ``--plot`` is given. Returns the JSON document."""
-    doc = document(kind, rows, device, extra)
+    doc = document(kind, rows, device, extra, getattr(args, "argv", None))
     print(f"# {doc['command']}")
     print(format_table(rows, columns))
     if getattr(args, "json", None):

@@ -3,6 +3,7 @@ bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -13,12 +14,13 @@ import torch
 
 @dataclass
 class Timing:
-    """Seconds per call over `repeats` timed calls."""
+    """Seconds per call over `repeats` timed samples; ``graph``: replays of a CUDA graph."""
 
     median: float
     p10: float
     p90: float
     repeats: int
+    graph: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,39 +34,64 @@ def _summarise(samples: list[float]) -> Timing:
 
 def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 20,
               cuda_graph: bool = False) -> Timing:
-    """Median/spread of ``fn()``. CPU: perf_counter per call. CUDA: CUDA events around each call,
-    or around replays of a CUDA graph of ``fn`` when ``cuda_graph`` (launch overhead excluded,
-    as an engine running captured decode steps sees it)."""
+    """Median/spread of one call of ``fn()``. CPU: ``perf_counter`` around each call. CUDA: see
+    :func:`_time_cuda`."""
+    if device.type == "cuda":
+        return _time_cuda(fn, device, warmup, repeats, cuda_graph)
     for _ in range(warmup):
         fn()
-    if device.type != "cuda":
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        return _summarise(samples)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return _summarise(samples)
 
+
+#: Calls captured into one CUDA graph, and the least time one CUDA sample spans.
+CALLS_PER_GRAPH = 10
+CUDA_SAMPLE_S = 1e-3
+
+
+def _time_cuda(fn, device, warmup, repeats, cuda_graph) -> Timing:
+    """CUDA events around a back-to-back run of calls, enough of them that a sample spans about
+    ``CUDA_SAMPLE_S`` (so event resolution and host jitter do not count); the sample is divided
+    by the number of calls. With ``cuda_graph`` the calls are replays of a graph holding
+    ``CALLS_PER_GRAPH`` calls of ``fn``: launch overhead is excluded, as in an engine replaying
+    captured decode steps."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize(device)
-    run = fn
+    run, calls = fn, 1
     if cuda_graph:
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            fn()  # warm allocator on the capture stream
+            fn()  # warms the allocator on the capture stream
             with torch.cuda.graph(graph, stream=stream):
-                fn()
+                for _ in range(CALLS_PER_GRAPH):
+                    fn()
         torch.cuda.current_stream(device).wait_stream(stream)
-        run = graph.replay
+        run, calls = graph.replay, CALLS_PER_GRAPH
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    once = max(start.elapsed_time(end) / 1e3, 1e-7)
+    inner = max(1, min(1000, math.ceil(CUDA_SAMPLE_S / once)))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(repeats)]
     for start, end in events:
         start.record()
-        run()
+        for _ in range(inner):
+            run()
         end.record()
     torch.cuda.synchronize(device)
-    return _summarise([start.elapsed_time(end) / 1e3 for start, end in events])
+    timing = _summarise([s.elapsed_time(e) / 1e3 / (inner * calls) for s, e in events])
+    timing.graph = cuda_graph
+    return timing
 
 
 def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
@@ -104,9 +131,19 @@ def time_calls(fns: dict, device: torch.device, warmup: int = 3, repeats: int = 
     """``time_call`` for several callables that are compared with each other. On CPU the timed
     calls come in rounds (a a a, b b b, c c c, a a a, ...), each burst after one untimed call, so
     that neither drift of a shared machine nor the cache state another callable left behind
-    biases the comparison; CUDA events are taken per callable."""
+    biases the comparison. On CUDA each callable is timed in turn; one that cannot be captured
+    into a graph (when ``cuda_graph``) is timed eagerly, and its Timing says so."""
     if device.type == "cuda":
-        return {name: time_call(fn, device, warmup, repeats, cuda_graph) for name, fn in fns.items()}
+        out = {}
+        for name, fn in fns.items():
+            try:
+                out[name] = time_call(fn, device, warmup, repeats, cuda_graph)
+            except Exception:  # noqa: BLE001  (e.g. a compiled baseline that cannot be captured)
+                if not cuda_graph:
+                    raise
+                torch.cuda.synchronize(device)
+                out[name] = time_call(fn, device, warmup, repeats, cuda_graph=False)
+        return out
     for fn in fns.values():
         for _ in range(warmup):
             fn()

@@ -24,7 +24,7 @@ class CausalSelfAttention(nn.Module):
         self.wq = ColumnParallelLinear(hidden, hidden, tp, device)
         self.wk = ColumnParallelLinear(hidden, hidden, tp, device)
         self.wv = ColumnParallelLinear(hidden, hidden, tp, device)
-        self.wo = RowParallelLinear(hidden, hidden, tp, device)
+        self.wo = RowParallelLinear(hidden, hidden, tp, device, reduce_results=False)
 
     def forward(self, x: Tensor) -> Tensor:
         T = x.shape[0]

@@ -10,7 +10,8 @@ from .attention import CausalSelfAttention
 from .linear import RMSNorm
 from .mhc import HyperConnection, MhcStream
 from .moe import MoE, RoutingTrace
-from .parallel import NULL_TIMER, TPContext
+from ..profiling import NULL_TIMER
+from .parallel import TPContext
 
 
 class DeepseekV4DecoderLayer(nn.Module):

@@ -8,13 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from ..reference import rms_norm
 from .parallel import TPContext, capturing, make_param
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last dim with fp32 math and bf16 output (the ops' norm semantics)."""
-    y = x.float()
-    return (y * torch.rsqrt(y.square().mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
 
 
 class RMSNorm(nn.Module):
@@ -54,11 +49,25 @@ class ColumnParallelLinear(_Linear):
 
 class RowParallelLinear(_Linear):
     """W's input features split over the TP group. Input: this rank's ``in_features / tp`` columns
-    of x. Returns this rank's **un-reduced partial** ``(T, out)`` bf16: the sum over ranks is y.
-    The reduction is left to the fused boundary op (all-reduce, or reduce-scatter under SP), which
-    is the whole point of mhc_sp."""
+    of x; each rank's product is a partial ``(T, out)`` bf16 and the sum over ranks is y.
+
+    ``reduce_results=True`` all-reduces the partials and returns y on every rank.
+    ``reduce_results=False`` returns this rank's **un-reduced partial**, for a caller that reduces
+    it itself: in the model every sublayer's output projection does so, because the next fused
+    boundary op reduces it (all-reduce, or reduce-scatter under SP) in the same op as the mHC work.
+    """
 
     split_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, device,
+                 reduce_results: bool = True):
+        super().__init__(in_features, out_features, tp, device)
+        self.tp = tp
+        self.reduce_results = reduce_results
+
+    def forward(self, x: Tensor) -> Tensor:
+        partial = F.linear(x, self.weight)
+        return ops.all_reduce(partial, self.tp.group) if self.reduce_results else partial
 
 
 class ReplicatedLinear(_Linear):

@@ -9,13 +9,14 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops import shard_rows
 from ..config import ModelConfig
-from ..reference import shard_rows
 from .layer import DeepseekV4DecoderLayer
 from .linear import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .mhc import HyperConnection, HyperHead, MhcStream
 from .moe import RoutingTrace
-from .parallel import NULL_TIMER, TPContext
+from ..profiling import NULL_TIMER
+from .parallel import TPContext
 
 
 def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
@@ -56,26 +57,41 @@ def intermediate_shapes(cfg: ModelConfig, num_tokens: int, tp_size: int, sharded
 
 @dataclass
 class ModelOutput:
-    """``logits (T, vocab)`` fp32 and ``mtp_logits`` on the last stage; ``intermediate`` on the
-    others; ``final_stream`` is the last stage's ``fused_head`` ``residual_out`` (this rank's rows)."""
+    """What one forward of a pipeline stage, or of the MTP layer, returns.
+
+    Last stage (and MTP): ``logits (T, vocab)`` fp32 and, when asked, ``final_stream (T, n*H)``
+    bf16: the residual stream before the head's collapse, all-gathered so that every rank holds
+    every row (the engine keeps it in the MTP layer's input buffer; the MTP's own final stream
+    feeds its next draft step). Other stages: ``intermediate``, the hand-off to the next stage.
+    """
 
     logits: Optional[Tensor] = None
-    mtp_logits: Optional[Tensor] = None
     intermediate: Optional[IntermediateTensors] = None
     final_stream: Optional[Tensor] = None
 
 
+def gather_stream(rows: Tensor, num_tokens: int, tp: TPContext, sharded: bool) -> Tensor:
+    """The final stream ``(num_tokens, n*H)`` on every rank from this rank's ``(rows, n, H)``:
+    an all-gather of the token shards when ``sharded``, else the rows themselves (every rank
+    already holds all of them)."""
+    flat = rows.reshape(rows.shape[0], -1)
+    return ops.all_gather(flat, tp.group, num_tokens) if sharded else flat[:num_tokens]
+
+
 class DeepseekV4MTP(nn.Module):
-    """MTP draft layer. It consumes the main model's final stream (``fused_head``'s
-    ``residual_out``: this rank's rows when sharded) and the embeddings of the next tokens, and
-    predicts one token further. Everything before its decoder block runs on the token shard:
+    """MTP draft layer: its own forward, with its own token count and SP decision.
+
+    Input: a gathered final stream ``(T, n*H)`` (the main model's, or the previous draft step's)
+    and ``next_ids (T,)``, the token that follows each row's position. It predicts one token
+    further. When ``sharded``, the layer takes its own token shard of the stream
+    (``shard_tokens``), so everything before its decoder block runs on ``ceil(T / tp)`` rows:
 
     1. ``mhc_pre`` on the stream rows with the MTP's own ``hc`` parameters and ``hnorm`` fused:
        collapsed hidden ``h`` plus the post/comb coefficients of an input sublayer;
     2. ``e = enorm(embed(next_ids))`` on the same rows; ``x = eh_proj([e, h])`` (replicated weight);
     3. ``x`` is posted into the stream by the block's first boundary (``reduced`` form), then the
-       block runs like any layer and its own ``hc_head`` + the shared final norm / LM head give
-       the draft logits.
+       block runs like any layer; its own ``hc_head`` and the shared final norm / LM head give
+       the draft logits, and its pre-head stream, gathered, is returned for the next step.
 
     The embedding, final norm and LM head are the main model's (shared, not owned here).
     """
@@ -92,30 +108,46 @@ class DeepseekV4MTP(nn.Module):
         self.block = DeepseekV4DecoderLayer(cfg, tp, device, moe_backend, sequence_parallel)
         self.head = HyperHead(H, cfg.mhc, tp, device)
 
-    def forward(self, final_stream: Tensor, next_ids: Tensor, *, embed: VocabParallelEmbedding,
-                norm: RMSNorm, lm_head: ParallelLMHead, sharded: bool, timer=NULL_TIMER,
-                routing: Optional[RoutingTrace] = None) -> Tensor:
-        """Draft logits ``(T, vocab)`` fp32; ``next_ids (T,)`` are the tokens following each
-        input position (T = the padded count of this forward)."""
+    def forward(self, stream: Tensor, next_ids: Tensor, *, embed: VocabParallelEmbedding,
+                norm: RMSNorm, lm_head: ParallelLMHead, sharded: bool,
+                return_final_stream: bool = True, timer=NULL_TIMER,
+                routing: Optional[RoutingTrace] = None) -> ModelOutput:
+        """Draft logits ``(T, vocab)`` fp32 and (``return_final_stream``) this layer's gathered
+        pre-head stream ``(T, n*H)``. ``stream (T, n*H)`` bf16 and ``next_ids (T,)`` int64, the
+        same on every rank; ``sharded``: this forward's SP decision."""
+        n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
+        if not isinstance(stream, Tensor) or tuple(stream.shape) != (T, n * H) \
+                or stream.dtype != torch.bfloat16:
+            raise ValueError(f"stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
+                             f"(one gathered row per next token), got "
+                             f"{getattr(stream, 'dtype', type(stream).__name__)} "
+                             f"{tuple(getattr(stream, 'shape', ()))}")
+        rows = ops.shard_tokens(stream, self.tp.rank, self.tp.size) if sharded else stream
+        residual = rows.view(rows.shape[0], n, H)
         fn, scale, base = self.hc.args()
-        post, comb, h = ops.mhc_pre(final_stream, fn, scale, base, self.hnorm.weight, self.cfg.mhc)
+        post, comb, h = ops.mhc_pre(residual, fn, scale, base, self.hnorm.weight, self.cfg.mhc)
         e = embed(next_ids)  # replicated (T, H); collective, so every rank calls it
         if sharded:
             e = ops.shard_tokens(e, self.tp.rank, self.tp.size)  # padding rows are zeros
         x = self.eh_proj(torch.cat([self.enorm(e), h], dim=-1))
-        partial, stream = self.block(x, MhcStream(final_stream, post, comb), num_tokens=T,
-                                     sharded=sharded, reduced=True, timer=timer, routing=routing)
-        hidden, _ = ops.fused_head(partial, *stream.tensors(), *self.head.args(), self.tp.group,
-                                   sharded, T, self.cfg.mhc)
-        return lm_head(norm(hidden))
+        partial, out = self.block(x, MhcStream(residual, post, comb), num_tokens=T,
+                                  sharded=sharded, reduced=True, timer=timer, routing=routing)
+        with timer.phase("boundary"):
+            hidden, final_rows = ops.fused_head(partial, *out.tensors(), *self.head.args(),
+                                                self.tp.group, sharded, T, self.cfg.mhc)
+        with timer.phase("lm_head"):
+            logits = lm_head(norm(hidden))
+        final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
+        return ModelOutput(logits=logits, final_stream=final)
 
 
 class DeepseekV4Model(nn.Module):
     """One pipeline stage of the DeepSeek-V4-style model on one TP rank.
 
     First stage: embedding → ``fused_entry`` (inside layer 0) → its layers. Last stage: its layers →
-    ``fused_head`` → final RMSNorm → LM head (and the MTP layer when ``cfg.num_mtp_layers``).
+    ``fused_head`` → final RMSNorm → LM head; it also holds the MTP layer when
+    ``cfg.num_mtp_layers``, run as a forward of its own by :meth:`mtp_forward`.
     Parameter names use global layer indices (``layers.<i>.…``, ``mtp.…``), so a stage or TP rank
     holds exactly its part of the full model's names.
 
@@ -124,7 +156,7 @@ class DeepseekV4Model(nn.Module):
         tp: this rank's TP group (registered with ``mhc_sp.distributed.init``).
         pp_rank, pp_size: pipeline stage.
         moe_backend: see ``mhc_sp.model.moe``.
-        sequence_parallel: whether SP may engage (refuses MoE backends that cannot shard).
+        sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP).
         device: ``"cpu"``, ``"cuda[:i]"`` or ``"meta"`` (shapes only, no weights materialised).
         seed: seed of the synthetic weights (default ``cfg.seed``); ignored on ``"meta"``.
     """
@@ -162,15 +194,15 @@ class DeepseekV4Model(nn.Module):
 
     def forward(self, input_ids: Tensor, *, sharded: bool,
                 intermediate: Optional[IntermediateTensors] = None,
-                mtp_input_ids: Optional[Tensor] = None, timer=NULL_TIMER,
+                return_final_stream: bool = False, timer=NULL_TIMER,
                 routing: Optional[RoutingTrace] = None) -> ModelOutput:
         """Run this stage on ``input_ids (T,)`` int64 (T = the padded count: every stage needs it).
 
         ``sharded``: the runner's SP decision (same on every rank and stage). ``intermediate``:
-        the previous stage's hand-off (required on every stage but the first). ``mtp_input_ids``:
-        the next token of every position; when given on the last stage with an MTP layer, the
-        draft logits are computed too. ``routing``: records (or replays) every MoE's expert
-        choice, see ``mhc_sp.model.moe.RoutingTrace``.
+        the previous stage's hand-off (required on every stage but the first).
+        ``return_final_stream``: on the last stage, also return the gathered final stream
+        ``(T, n*H)`` that the MTP layer drafts from (see :meth:`mtp_forward`). ``routing``:
+        records (or replays) every MoE's expert choice, see ``mhc_sp.model.moe.RoutingTrace``.
         """
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 1 or input_ids.dtype != torch.int64:
             raise ValueError(f"input_ids: expected a 1-D int64 tensor of token ids, got "
@@ -197,22 +229,31 @@ class DeepseekV4Model(nn.Module):
                 x = ops.reduce_scatter(x, self.tp.group) if sharded else ops.all_reduce(x, self.tp.group)
             return ModelOutput(intermediate=IntermediateTensors(x, stream))
         with timer.phase("boundary"):
-            hidden, final_stream = ops.fused_head(x, *stream.tensors(), *self.head.args(),
-                                                  self.tp.group, sharded, T, self.cfg.mhc)
+            hidden, final_rows = ops.fused_head(x, *stream.tensors(), *self.head.args(),
+                                                self.tp.group, sharded, T, self.cfg.mhc)
         with timer.phase("lm_head"):
             logits = self.lm_head(self.norm(hidden))
-        mtp_logits = None
-        if mtp_input_ids is not None and self.mtp is not None:
-            if not isinstance(mtp_input_ids, Tensor) or tuple(mtp_input_ids.shape) != (T,) \
-                    or mtp_input_ids.dtype != torch.int64:
-                raise ValueError(f"mtp_input_ids: expected an int64 tensor of shape ({T},), got "
-                                 f"{getattr(mtp_input_ids, 'dtype', None)} "
-                                 f"{tuple(getattr(mtp_input_ids, 'shape', ()))}")
-            with timer.phase("mtp"):
-                mtp_logits = self.mtp(final_stream, mtp_input_ids, embed=self.embed, norm=self.norm,
-                                      lm_head=self.lm_head, sharded=sharded, timer=NULL_TIMER,
-                                      routing=routing)
-        return ModelOutput(logits=logits, mtp_logits=mtp_logits, final_stream=final_stream)
+        final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
+        return ModelOutput(logits=logits, final_stream=final)
+
+    def mtp_forward(self, stream: Tensor, next_ids: Tensor, *, sharded: bool,
+                    return_final_stream: bool = True, timer=NULL_TIMER,
+                    routing: Optional[RoutingTrace] = None) -> ModelOutput:
+        """One MTP draft step on the last stage: ``stream (T, n*H)`` gathered (the main forward's
+        ``final_stream`` or the previous step's), ``next_ids (T,)``; ``sharded``: this step's own
+        SP decision. Returns the draft logits and the MTP's gathered final stream."""
+        if self.mtp is None:
+            raise ValueError(f"mtp_forward: pipeline stage {self.pp_rank} of {self.pp_size} has no "
+                             f"MTP layer (num_mtp_layers={self.cfg.num_mtp_layers}; only the last "
+                             f"stage holds it)")
+        if not isinstance(next_ids, Tensor) or next_ids.dim() != 1 \
+                or next_ids.dtype != torch.int64 or next_ids.numel() == 0:
+            raise ValueError(f"next_ids: expected a non-empty 1-D int64 tensor of token ids, got "
+                             f"{getattr(next_ids, 'dtype', type(next_ids).__name__)} "
+                             f"{tuple(getattr(next_ids, 'shape', ()))}")
+        return self.mtp(stream, next_ids, embed=self.embed, norm=self.norm, lm_head=self.lm_head,
+                        sharded=sharded, return_final_stream=return_final_stream, timer=timer,
+                        routing=routing)
 
     def _check_intermediate(self, it: Optional[IntermediateTensors], T: int, sharded: bool) -> None:
         if not isinstance(it, IntermediateTensors):

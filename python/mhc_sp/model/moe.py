@@ -1,15 +1,18 @@
 """Mixture-of-experts FFN: softmax router with top-k over the routed experts plus a shared expert.
 Every expert's intermediate dimension is split over the TP group (gate/up column-parallel,
-down row-parallel), so the layer returns this rank's **un-reduced partial** ``(T, H)``.
+down row-parallel), so the layer takes the whole gathered batch ``(T, H)`` (the boundary before it
+all-gathers ``layer_input``, SP on or off) and returns this rank's **un-reduced partial**
+``(T, H)``, which the next fused boundary reduces.
 
-Backends (``mhc_sp.config.MOE_BACKEND_SUPPORTS_TOKEN_SHARD``):
+Backends (``mhc_sp.config.MOE_BACKEND_SUPPORTS_SP``):
 
 * ``"naive"``: for each expert, gather its tokens, run the MLP, scatter-add the weighted result.
-  Tokens are independent, so it runs on any set of tokens.
+  Tokens are independent of each other.
 * ``"capacity"``: the same, but each expert accepts at most
   ``ceil(capacity_factor * T * top_k / num_experts)`` tokens, in token order; later ones are dropped
-  for that expert. Which tokens drop depends on the whole batch, so it cannot run on a token shard
-  and is refused (NotImplementedError) whenever SP is on.
+  for that expert. Which tokens drop depends on the whole batch, so the backend is not valid on a
+  token shard, where an engine running SP calls its MoE; it is refused whenever SP is enabled
+  (see ``mhc_sp.config.moe``).
 
 Both have two formulations with the same math: the eager one gathers each expert's tokens (its
 sizes depend on the routing, read on the host); the dense one runs every expert on every token and
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import MOE_BACKEND_SUPPORTS_TOKEN_SHARD, ModelConfig, check_moe_backend
+from ..config import ModelConfig, check_moe_backend
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .parallel import TPContext, capturing, make_param
 
@@ -64,16 +67,13 @@ class RoutingTrace:
 class MoE(nn.Module):
     """``forward(x (T, H) bf16, sharded) -> partial (T, H) bf16`` (this rank's share of the output).
 
-    ``sequence_parallel``: whether this model may run with SP on (checked against the backend at
-    construction, and ``sharded`` is checked again at every forward).
+    ``sequence_parallel``: whether SP is enabled for this model (checked against the backend at
+    construction; a ``sharded`` forward is checked again).
     """
 
     def __init__(self, cfg: ModelConfig, tp: TPContext, device, backend: str = "naive",
                  sequence_parallel: bool = False):
         super().__init__()
-        if backend not in MOE_BACKEND_SUPPORTS_TOKEN_SHARD:
-            raise ValueError(f"backend: unknown MoE backend {backend!r}; expected one of "
-                             f"{sorted(MOE_BACKEND_SUPPORTS_TOKEN_SHARD)}")
         check_moe_backend(backend, sequence_parallel)
         self.backend = backend
         self.top_k = cfg.num_experts_per_tok
@@ -90,7 +90,8 @@ class MoE(nn.Module):
         shared = cfg.shared_intermediate_size
         self.shared_gate = ColumnParallelLinear(H, shared, tp, device) if shared else None
         self.shared_up = ColumnParallelLinear(H, shared, tp, device) if shared else None
-        self.shared_down = RowParallelLinear(shared, H, tp, device) if shared else None
+        self.shared_down = (RowParallelLinear(shared, H, tp, device, reduce_results=False)
+                            if shared else None)
 
     def route(self, x: Tensor, routing: Optional[RoutingTrace] = None) -> tuple[Tensor, Tensor]:
         """Top-k experts per token: ``(ids (T, k) int64, weights (T, k) fp32)``; the weights are the
@@ -131,7 +132,7 @@ class MoE(nn.Module):
     def forward(self, x: Tensor, sharded: bool = False, dense: bool = False,
                 routing: Optional[RoutingTrace] = None) -> Tensor:
         """This rank's partial of the MoE output for the gathered ``x (T, H)``. ``sharded``: the SP
-        decision (a backend that cannot shard raises NotImplementedError). ``dense``: use the
+        decision (a backend not valid with SP raises NotImplementedError). ``dense``: use the
         dense formulation (always used while capturing a CUDA graph). ``routing``: see
         :class:`RoutingTrace`."""
         check_moe_backend(self.backend, sharded)

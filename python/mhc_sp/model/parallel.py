@@ -1,14 +1,10 @@
-"""Tensor-parallel context, per-tensor sharding helpers and the per-phase timer the model uses."""
+"""Tensor-parallel context and the per-tensor sharding helpers every weight goes through."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-
-from .. import profiling
 
 
 @dataclass(frozen=True)
@@ -68,48 +64,6 @@ def make_param(full_shape: tuple[int, ...], shard_dim: int | None, tp: TPContext
     p.tp_size = tp.size
     p.init_kind = init
     return p
-
-
-@dataclass
-class PhaseTimer:
-    """Wall time per named phase, summed over calls. On CUDA it synchronises at each phase edge
-    (so the numbers are real, at the cost of overlap); never use it inside graph capture."""
-
-    sync_cuda: bool = False
-    totals: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        if self.sync_cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        try:
-            with profiling.phase(name):
-                yield
-        finally:
-            if self.sync_cuda:
-                torch.cuda.synchronize()
-            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
-            self.counts[name] = self.counts.get(name, 0) + 1
-
-    def reset(self) -> None:
-        """Forget every recorded phase."""
-        self.totals.clear()
-        self.counts.clear()
-
-
-class NullTimer:
-    """A timer that records no time (the default; safe under CUDA graph capture); the phase still
-    shows in profilers (NVTX / torch.profiler ranges)."""
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        with profiling.phase(name):
-            yield
-
-
-NULL_TIMER = NullTimer()
 
 
 def capturing(t: torch.Tensor) -> bool:
