@@ -38,12 +38,17 @@ TP = [1, 2, 4, 8]
 REPLICATED_T = [1, 2, 3, 7, 16]
 HIDDEN = [4096, 7168]
 MAILBOX_SLOT_BYTES = 16 * 8192 * 2
+WAIT_S = 2.0  # the simulated groups' timeout: a wait that never completes fails fast
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--budget-s", type=float, default=0.0, help="skip checks started after this (0: none)")
+    p.add_argument(
+        "--budget-s", type=float, default=0.0, help="skip checks started after this (0: none)"
+    )
     p.add_argument("--quick", action="store_true", help="small shapes only (smoke run)")
     p.add_argument("--graph-replays", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
@@ -73,8 +78,11 @@ class Run:
                 torch.cuda.synchronize()
                 entry.update(status="ok", detail=detail or "")
             except Exception as e:  # recorded; the run goes on
-                entry.update(status="failed", detail=f"{type(e).__name__}: {e}",
-                             trace=traceback.format_exc(limit=4))
+                entry.update(
+                    status="failed",
+                    detail=f"{type(e).__name__}: {e}",
+                    trace=traceback.format_exc(limit=4),
+                )
                 try:
                     torch.cuda.synchronize()
                 except Exception:
@@ -87,6 +95,7 @@ class Run:
 
 
 # ---- references --------------------------------------------------------------------------------
+
 
 def rank_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     """fp32 sum in rank order 0..tp-1 from +0 (so -0 inputs sum to +0), rounded once to bf16."""
@@ -107,21 +116,29 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def expect_bitwise(name: str, got: torch.Tensor, want: torch.Tensor):
     if not bitwise_equal(got, want):
         diff = (got.float() - want.float()).abs()
-        bad = int((got.view(torch.int16 if got.dtype == torch.bfloat16 else torch.int32)
-                   != want.view(torch.int16 if want.dtype == torch.bfloat16 else torch.int32)).sum())
-        raise AssertionError(f"{name}: {bad} of {got.numel()} elements differ bitwise "
-                             f"(max abs diff {float(diff.max()):.3g}), shape {tuple(got.shape)}")
+        bad = int(
+            (
+                got.view(torch.int16 if got.dtype == torch.bfloat16 else torch.int32)
+                != want.view(torch.int16 if want.dtype == torch.bfloat16 else torch.int32)
+            ).sum()
+        )
+        raise AssertionError(
+            f"{name}: {bad} of {got.numel()} elements differ bitwise "
+            f"(max abs diff {float(diff.max()):.3g}), shape {tuple(got.shape)}"
+        )
 
 
 def scalars():
-    from mhc_sp.reference import DEFAULT as c
-    return (c.rms_eps, c.hc_pre_eps, c.hc_sinkhorn_eps, c.hc_post_mult, c.sinkhorn_iters, c.norm_eps)
+    from mhc_sp.config import MhcConfig
+
+    return MhcConfig().scalars()
 
 
 def layer_inputs(T: int, H: int, tp: int, seed: int, extra_rows: int = 0, zeros: float = 0.0):
     """Shared stream + weights (random_inputs) and one (T + extra_rows, H) partial per rank; the
     extra rows must be ignored. zeros: fraction of partial entries planted as +0 or -0."""
-    from mhc_sp.reference import random_inputs
+    from mhc_sp.testing import random_inputs
+
     i = random_inputs(T, N, H, seed=seed, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     partials = []
@@ -132,7 +149,9 @@ def layer_inputs(T: int, H: int, tp: int, seed: int, extra_rows: int = 0, zeros:
         if zeros:
             mask = torch.rand(T, H, generator=g, device="cuda") < zeros
             sign = torch.rand(T, H, generator=g, device="cuda") < 0.5
-            z = torch.where(sign, torch.tensor(-0.0, device="cuda"), torch.tensor(0.0, device="cuda"))
+            z = torch.where(
+                sign, torch.tensor(-0.0, device="cuda"), torch.tensor(0.0, device="cuda")
+            )
             p[:T] = torch.where(mask, z.to(torch.bfloat16), p[:T])
             p[:T, : min(H, 64)] = -0.0  # a block where every rank sends -0
         partials.append(p)
@@ -140,51 +159,89 @@ def layer_inputs(T: int, H: int, tp: int, seed: int, extra_rows: int = 0, zeros:
 
 
 def run_replicated(sim, i, partials, T):
-    return sim.fused_layer(partials, [i["residual"]] * sim.world, [i["post"]] * sim.world,
-                           [i["comb"]] * sim.world, i["fn"], i["scale"], i["base"], i["norm_weight"],
-                           False, T, *scalars())
+    return sim.fused_layer(
+        partials,
+        [i["residual"]] * sim.world,
+        [i["post"]] * sim.world,
+        [i["comb"]] * sim.world,
+        i["fn"],
+        i["scale"],
+        i["base"],
+        i["norm_weight"],
+        False,
+        T,
+        *scalars(),
+    )
 
 
 def check_replicated(sim, i, partials, T, cpu_reference: bool):
     from mhc_sp import ops
+
     outs = run_replicated(sim, i, partials, T)
     x = rank_sum([p[:T] for p in partials])
-    want = ops.mhc_post_pre(x, i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
-                            i["norm_weight"])
+    want = ops.mhc_post_pre(
+        x, i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], i["norm_weight"]
+    )
     names = ("residual_out", "post", "comb", "layer_input")
     for r, out in enumerate(outs):
         for name, got, w in zip(names, out, want):
             expect_bitwise(f"rank {r} {name}", got, w)
     if cpu_reference:
         from mhc_sp import reference as R
-        ref = R.mhc_post_pre(x.cpu(), i["residual"].cpu(), i["post"].cpu(), i["comb"].cpu(),
-                             i["fn"].cpu(), i["scale"].cpu(), i["base"].cpu(), i["norm_weight"].cpu())
+        from mhc_sp.testing import assert_close
+
+        ref = R.mhc_post_pre(
+            x.cpu(),
+            i["residual"].cpu(),
+            i["post"].cpu(),
+            i["comb"].cpu(),
+            i["fn"].cpu(),
+            i["scale"].cpu(),
+            i["base"].cpu(),
+            i["norm_weight"].cpu(),
+        )
         for name, got, w in zip(names, outs[0], ref):
-            R.assert_close(got.cpu(), w, name)
+            assert_close(got.cpu(), w, name)
     return f"{len(outs)} ranks bitwise equal to mhc_post_pre of the rank-order sum"
 
 
 def sharded_inputs(i, tp, T):
     from mhc_sp import reference as R
+
     return ([R.shard_tokens(i[k], r, tp) for r in range(tp)] for k in ("residual", "post", "comb"))
 
 
 def check_sharded(sim, i, partials, T, cpu_reference: bool):
     from mhc_sp import ops
     from mhc_sp import reference as R
+
     tp = sim.world
     residuals, posts, combs = sharded_inputs(i, tp, T)
-    outs = sim.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"],
-                           i["norm_weight"], True, T, *scalars())
+    outs = sim.fused_layer(
+        partials,
+        residuals,
+        posts,
+        combs,
+        i["fn"],
+        i["scale"],
+        i["base"],
+        i["norm_weight"],
+        True,
+        T,
+        *scalars(),
+    )
     x_full = rank_sum([p[:T] for p in partials])
-    shard = R.shard_rows(T, tp)
+    shard = ops.shard_rows(T, tp)
     gathered = []
     for r, (res_out, post_out, comb_out, layer_input) in enumerate(outs):
         valid = max(0, min(shard, T - r * shard))
         x = R.shard_tokens(x_full, r, tp)
-        want = ops.mhc_post_pre(x, residuals[r], posts[r], combs[r], i["fn"], i["scale"], i["base"],
-                                i["norm_weight"])
-        for name, got, w in zip(("residual_out", "post", "comb"), (res_out, post_out, comb_out), want):
+        want = ops.mhc_post_pre(
+            x, residuals[r], posts[r], combs[r], i["fn"], i["scale"], i["base"], i["norm_weight"]
+        )
+        for name, got, w in zip(
+            ("residual_out", "post", "comb"), (res_out, post_out, comb_out), want
+        ):
             expect_bitwise(f"rank {r} {name}", got[:valid], w[:valid])
             if valid < shard and bool((got[valid:] != 0).any()):
                 raise AssertionError(f"rank {r} {name}: padding rows are not zero")
@@ -192,12 +249,25 @@ def check_sharded(sim, i, partials, T, cpu_reference: bool):
         expect_bitwise(f"rank {r} layer_input vs rank 0", layer_input, outs[0][3])
     expect_bitwise("gathered layer_input", outs[0][3], torch.cat(gathered, 0))
     if cpu_reference:
-        ref = R.fused_layer([p.cpu() for p in partials], [t.cpu() for t in residuals],
-                            [t.cpu() for t in posts], [t.cpu() for t in combs], i["fn"].cpu(),
-                            i["scale"].cpu(), i["base"].cpu(), i["norm_weight"].cpu(), True, T)
+        from mhc_sp.testing import assert_close
+
+        ref = R.fused_layer(
+            [p.cpu() for p in partials],
+            [t.cpu() for t in residuals],
+            [t.cpu() for t in posts],
+            [t.cpu() for t in combs],
+            i["fn"].cpu(),
+            i["scale"].cpu(),
+            i["base"].cpu(),
+            i["norm_weight"].cpu(),
+            True,
+            T,
+        )
         for r in range(tp):
-            for name, got, w in zip(("residual_out", "post", "comb", "layer_input"), outs[r], ref[r]):
-                R.assert_close(got.cpu(), w, f"rank {r} {name}")
+            for name, got, w in zip(
+                ("residual_out", "post", "comb", "layer_input"), outs[r], ref[r]
+            ):
+                assert_close(got.cpu(), w, f"rank {r} {name}")
     return f"shard {shard} rows; gathered layer_input bitwise on every rank"
 
 
@@ -206,7 +276,9 @@ def check_collectives(sim, H, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     details = []
     for rows, label in ((3, "mailbox"), (64, "exchange")):  # 64 x H bf16 exceeds a mailbox slot
-        xs = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)]
+        xs = [
+            torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)
+        ]
         outs = sim.collective("all_reduce", xs)
         want = rank_sum(xs)
         for r, o in enumerate(outs):
@@ -217,7 +289,7 @@ def check_collectives(sim, H, seed):
     outs = sim.collective("reduce_scatter", xs)
     total = rank_sum(xs)
     for r, o in enumerate(outs):
-        expect_bitwise(f"reduce_scatter rank {r}", o, total[r * 5:(r + 1) * 5])
+        expect_bitwise(f"reduce_scatter rank {r}", o, total[r * 5 : (r + 1) * 5])
     xs = [torch.randn(7, H // 2, generator=g, device="cuda") for _ in range(tp)]  # fp32 rows
     keep = 7 * tp - 3
     outs = sim.collective("all_gather", xs, keep)
@@ -231,6 +303,7 @@ def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
     """Two calls captured, replayed alternately on new inputs each time, each replay checked."""
     from mhc_sp import ops
     from mhc_sp import reference as R
+
     tp = sim.world
     g = torch.Generator(device="cuda").manual_seed(seed)
     cases = []
@@ -240,18 +313,40 @@ def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
             residuals, posts, combs = (list(v) for v in sharded_inputs(i, tp, T))
         else:
             residuals, posts, combs = [i["residual"]] * tp, [i["post"]] * tp, [i["comb"]] * tp
-        cases.append(dict(T=T, i=i, partials=partials, residuals=residuals, posts=posts, combs=combs))
+        cases.append(
+            dict(T=T, i=i, partials=partials, residuals=residuals, posts=posts, combs=combs)
+        )
     for c in cases:  # eager warm-up (also checks the eager path once more)
-        sim.fused_layer(c["partials"], c["residuals"], c["posts"], c["combs"], c["i"]["fn"],
-                        c["i"]["scale"], c["i"]["base"], c["i"]["norm_weight"], sharded, c["T"],
-                        *scalars())
+        sim.fused_layer(
+            c["partials"],
+            c["residuals"],
+            c["posts"],
+            c["combs"],
+            c["i"]["fn"],
+            c["i"]["scale"],
+            c["i"]["base"],
+            c["i"]["norm_weight"],
+            sharded,
+            c["T"],
+            *scalars(),
+        )
     torch.cuda.synchronize()
     for c in cases:
         c["graph"] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(c["graph"]):
-            c["outs"] = sim.fused_layer(c["partials"], c["residuals"], c["posts"], c["combs"],
-                                        c["i"]["fn"], c["i"]["scale"], c["i"]["base"],
-                                        c["i"]["norm_weight"], sharded, c["T"], *scalars())
+            c["outs"] = sim.fused_layer(
+                c["partials"],
+                c["residuals"],
+                c["posts"],
+                c["combs"],
+                c["i"]["fn"],
+                c["i"]["scale"],
+                c["i"]["base"],
+                c["i"]["norm_weight"],
+                sharded,
+                c["T"],
+                *scalars(),
+            )
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
     for k in range(replays):
         c = cases[k % 2]
@@ -269,11 +364,21 @@ def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
         x_full = rank_sum([p[:T] for p in c["partials"]])
         for r in range(tp):
             x = R.shard_tokens(x_full, r, tp) if sharded else x_full
-            want = ops.mhc_post_pre(x, c["residuals"][r], c["posts"][r], c["combs"][r], c["i"]["fn"],
-                                    c["i"]["scale"], c["i"]["base"], c["i"]["norm_weight"])
+            want = ops.mhc_post_pre(
+                x,
+                c["residuals"][r],
+                c["posts"][r],
+                c["combs"][r],
+                c["i"]["fn"],
+                c["i"]["scale"],
+                c["i"]["base"],
+                c["i"]["norm_weight"],
+            )
             shard = c["residuals"][r].shape[0]
             valid = max(0, min(shard, T - r * shard)) if sharded else T
-            bad += (c["outs"][r][0][:valid].view(torch.int16) != want[0][:valid].view(torch.int16)).sum()
+            bad += (
+                c["outs"][r][0][:valid].view(torch.int16) != want[0][:valid].view(torch.int16)
+            ).sum()
             if not sharded:
                 bad += (c["outs"][r][3].view(torch.int16) != want[3].view(torch.int16)).sum()
     no_errors(sim)
@@ -284,6 +389,7 @@ def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
 
 def check_timeout(tp, H, seed, sharded: bool):
     from mhc_sp import _C
+
     timeout = 0.05
     sim = _C.SymmSimGroup(tp, torch.cuda.current_device(), MAILBOX_SLOT_BYTES, 64 << 20, timeout)
     T = 16 if not sharded else 4 * tp + 1
@@ -295,8 +401,21 @@ def check_timeout(tp, H, seed, sharded: bool):
         residuals, posts, combs = [i["residual"]] * tp, [i["post"]] * tp, [i["comb"]] * tp
 
     def call():
-        sim.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"],
-                        i["norm_weight"], sharded, T, *scalars(), absent=absent)
+        sim.fused_layer(
+            partials,
+            residuals,
+            posts,
+            combs,
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            sharded,
+            T,
+            *scalars(),
+            absent=absent,
+        )
+
     t = time.monotonic()
     call()
     torch.cuda.synchronize()
@@ -330,26 +449,34 @@ def no_errors(sim):
 
 
 def time_graph(fn, warmup=10, reps=50):
+    """(median, min) microseconds of one call: graph replays, or eager calls (launch overhead
+    included) when the call cannot be captured; the third item says which."""
     fn()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run, how = graph.replay, "graph"
+    except Exception:
+        torch.cuda.synchronize()
+        run, how = fn, "eager"
     for _ in range(warmup):
-        graph.replay()
+        run()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        run()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times), min(times)
+    return statistics.median(times), min(times), how
 
 
 def half_bytes_for(tp, T_max, H):
     from mhc_sp import _C
+
     need = _C.symm_exchange_layout("fused_layer", True, T_max, T_max, H, 2, tp)["need"]
     return max(need, 64 << 20)
 
@@ -361,6 +488,7 @@ def main(argv=None) -> int:
         return 2
     import mhc_sp
     from mhc_sp import _C
+
     if not hasattr(_C, "SymmSimGroup"):
         print("symm_harness: mhc_sp was built without CUDA", file=sys.stderr)
         return 2
@@ -371,42 +499,72 @@ def main(argv=None) -> int:
     dev = torch.cuda.current_device()
     for tp in tps:
         T_max = max([tp + 1, *sharded_big])
-        sim = _C.SymmSimGroup(tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, T_max, max(hidden)), 30.0)
+        sim = _C.SymmSimGroup(
+            tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, T_max, max(hidden)), WAIT_S
+        )
         for H in hidden:
             for T in REPLICATED_T:
                 i, partials = layer_inputs(T, H, tp, args.seed + T)
-                run.check("replicated", lambda: check_replicated(sim, i, partials, T, T <= 7),
-                          tp=tp, T=T, H=H)
+                run.check(
+                    "replicated",
+                    lambda: check_replicated(sim, i, partials, T, T <= 7),
+                    tp=tp,
+                    T=T,
+                    H=H,
+                )
         H = hidden[-1]
         for T in sorted({1, tp - 1, tp + 1, *sharded_big} - {0}):
             i, partials = layer_inputs(T, H, tp, args.seed + 100 + T, extra_rows=3)
-            run.check("sharded", lambda: check_sharded(sim, i, partials, T, T <= 16), tp=tp, T=T, H=H)
+            run.check(
+                "sharded", lambda: check_sharded(sim, i, partials, T, T <= 16), tp=tp, T=T, H=H
+            )
         i, partials = layer_inputs(16, H, tp, args.seed + 7, zeros=0.3)
-        run.check("sentinel_zeros", lambda: check_replicated(sim, i, partials, 16, False), tp=tp, T=16, H=H)
+        run.check(
+            "sentinel_zeros",
+            lambda: check_replicated(sim, i, partials, 16, False),
+            tp=tp,
+            T=16,
+            H=H,
+        )
         i, partials = layer_inputs(2 * tp + 1, H, tp, args.seed + 8, zeros=0.3)
-        run.check("sentinel_zeros_sharded",
-                  lambda: check_sharded(sim, i, partials, 2 * tp + 1, False), tp=tp, T=2 * tp + 1, H=H)
+        run.check(
+            "sentinel_zeros_sharded",
+            lambda: check_sharded(sim, i, partials, 2 * tp + 1, False),
+            tp=tp,
+            T=2 * tp + 1,
+            H=H,
+        )
         run.check("collectives", lambda: check_collectives(sim, H, args.seed), tp=tp, H=H)
         run.check("no_errors_recorded", lambda: no_errors(sim), tp=tp)
-        del sim
+        sim = None  # frees the simulated ranks' buffers before the next group
     for tp in [t for t in tps if t > 1]:
-        sim = _C.SymmSimGroup(tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, 1000, hidden[-1]), 30.0)
-        run.check("graph_replicated",
-                  lambda: check_graphs(sim, hidden[-1], (1, 7), args.graph_replays, args.seed, False),
-                  tp=tp)
-        run.check("graph_sharded",
-                  lambda: check_graphs(sim, hidden[-1], (tp + 1, 100), max(2, args.graph_replays // 4),
-                                       args.seed, True), tp=tp)
-        del sim
-    for tp in [t for t in tps if t > 1]:
-        run.check("timeout_replicated", lambda: check_timeout(tp, hidden[-1], args.seed, False), tp=tp)
+        run.check(
+            "timeout_replicated", lambda: check_timeout(tp, hidden[-1], args.seed, False), tp=tp
+        )
         run.check("timeout_sharded", lambda: check_timeout(tp, hidden[-1], args.seed, True), tp=tp)
 
+    for tp in [t for t in tps if t > 1]:
+        sim = _C.SymmSimGroup(
+            tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, 1000, hidden[-1]), WAIT_S
+        )
+        run.check(
+            "graph_replicated",
+            lambda: check_graphs(sim, hidden[-1], (1, 7), args.graph_replays, args.seed, False),
+            tp=tp,
+        )
+        run.check(
+            "graph_sharded",
+            lambda: check_graphs(
+                sim, hidden[-1], (tp + 1, 100), max(2, args.graph_replays // 4), args.seed, True
+            ),
+            tp=tp,
+        )
+        sim = None  # frees the simulated ranks' buffers before the next group
     # Times at H = 7168 (V4-Pro).
     H = 7168 if not args.quick else hidden[-1]
-    for tp in ([1, 8] if not args.quick else [1, 2]):
+    for tp in [1, 8] if not args.quick else [1, 2]:
         T_big = 8192 if not args.quick else 256
-        sim = _C.SymmSimGroup(tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, T_big, H), 30.0)
+        sim = _C.SymmSimGroup(tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, T_big, H), WAIT_S)
         for T, sharded in ((1, False), (16, False), (T_big, True)):
             if run.over_budget():
                 break
@@ -417,27 +575,57 @@ def main(argv=None) -> int:
                 residuals, posts, combs = [i["residual"]] * tp, [i["post"]] * tp, [i["comb"]] * tp
 
             def call():
-                sim.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"],
-                                i["norm_weight"], sharded, T, *scalars())
+                sim.fused_layer(
+                    partials,
+                    residuals,
+                    posts,
+                    combs,
+                    i["fn"],
+                    i["scale"],
+                    i["base"],
+                    i["norm_weight"],
+                    sharded,
+                    T,
+                    *scalars(),
+                )
+
             try:
-                median_us, min_us = time_graph(call)
+                median_us, min_us, how = time_graph(call)
             except Exception as e:
                 run.timings.append(dict(tp=tp, T=T, H=H, sharded=sharded, error=str(e)))
                 continue
-            row = dict(tp=tp, T=T, H=H, sharded=sharded, median_us=round(median_us, 2),
-                       min_us=round(min_us, 2))
+            row = dict(
+                tp=tp,
+                T=T,
+                H=H,
+                sharded=sharded,
+                median_us=round(median_us, 2),
+                min_us=round(min_us, 2),
+                timed=how,
+            )
             if sharded:
                 shard = -(-T // tp)
-                remote = 2 * (tp - 1) * shard * H * 2  # pushed partial rows + pulled layer_input rows
+                remote = (
+                    2 * (tp - 1) * shard * H * 2
+                )  # pushed partial rows + pulled layer_input rows
                 # HBM traffic of one rank: partial read, landed rows written + read, stream read +
                 # written, layer_input published + gathered, fn (fp32) read
-                local = (T * H * 2 + 2 * tp * shard * H * 2 + 2 * shard * N * H * 2 + shard * H * 2
-                         + T * H * 2 + N * (N + 2) * N * H * 4)
-                row.update(remote_bytes_per_rank=remote, hbm_bytes_per_rank=local,
-                           hbm_gbps_all_ranks=round(tp * local / (median_us * 1e-6) / 1e9, 1))
+                local = (
+                    T * H * 2
+                    + 2 * tp * shard * H * 2
+                    + 2 * shard * N * H * 2
+                    + shard * H * 2
+                    + T * H * 2
+                    + N * (N + 2) * N * H * 4
+                )
+                row.update(
+                    remote_bytes_per_rank=remote,
+                    hbm_bytes_per_rank=local,
+                    hbm_gbps_all_ranks=round(tp * local / (median_us * 1e-6) / 1e9, 1),
+                )
             run.timings.append(row)
             print(f"[time] {row}", flush=True)
-        del sim
+        sim = None  # frees the simulated ranks' buffers before the next group
 
     failed = [c for c in run.checks if c["status"] == "failed"]
     skipped = [c for c in run.checks if c["status"] == "skipped"]
@@ -455,8 +643,11 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"symm_harness: {len(run.checks)} checks, {len(failed)} failed, {len(skipped)} skipped, "
-          f"{result['seconds']} s", flush=True)
+    print(
+        f"symm_harness: {len(run.checks)} checks, {len(failed)} failed, {len(skipped)} skipped, "
+        f"{result['seconds']} s",
+        flush=True,
+    )
     for t in run.timings:
         print(f"  {t}")
     return 1 if failed else 0

@@ -48,7 +48,11 @@ def test_default_sizes_hold_a_v4_pro_prefill_and_decode():
 
 def test_flag_words_are_distinct_per_block_and_source():
     world = 4
-    seen = {_C.symm_flag_offset(world, b, s) for b in (0, 1, 2, C["max_blocks"] - 1) for s in range(world)}
+    seen = {
+        _C.symm_flag_offset(world, b, s)
+        for b in (0, 1, 2, C["max_blocks"] - 1)
+        for s in range(world)
+    }
     assert len(seen) == 4 * world
     assert all(o % 8 == 0 for o in seen)
     L = layout(world)
@@ -64,7 +68,11 @@ def test_mailbox_and_half_indices_cycle():
 
 
 @settings(max_examples=60, deadline=None)
-@given(world=st.integers(1, 16), num_tokens=st.integers(0, 5000), hidden=st.sampled_from([8, 64, 4096, 7168]))
+@given(
+    world=st.integers(1, 16),
+    num_tokens=st.integers(0, 5000),
+    hidden=st.sampled_from([8, 64, 4096, 7168]),
+)
 def test_sharded_layer_exchange_layout(world, num_tokens, hidden):
     X = _C.symm_exchange_layout("fused_layer", True, num_tokens, num_tokens, hidden, 2, world)
     shard = -(-num_tokens // world)
@@ -77,15 +85,18 @@ def test_sharded_layer_exchange_layout(world, num_tokens, hidden):
     assert X["need"] >= X["out_offset"] + shard * row and X["need"] % ALIGN == 0
 
 
-@pytest.mark.parametrize("op,sharded,in_rows,out_rows", [
-    ("reduce_scatter", False, 3, 0),   # ceil(10 / 4) rows land from every source
-    ("all_reduce", False, 3, 3),       # ... and the reduced shard is published for the gather
-    ("all_gather", False, 0, 10),      # the rank's own rows are published
-    ("fused_entry", True, 0, 3),       # the shard of layer_input only
-    ("fused_head", True, 3, 3),
-    ("fused_layer", False, 0, 0),      # replicated: the Lamport mailbox, no half
-    ("fused_entry", False, 0, 0),
-])
+@pytest.mark.parametrize(
+    "op,sharded,in_rows,out_rows",
+    [
+        ("reduce_scatter", False, 3, 0),  # ceil(10 / 4) rows land from every source
+        ("all_reduce", False, 3, 3),  # ... and the reduced shard is published for the gather
+        ("all_gather", False, 0, 10),  # the rank's own rows are published
+        ("fused_entry", True, 0, 3),  # the shard of layer_input only
+        ("fused_head", True, 3, 3),
+        ("fused_layer", False, 0, 0),  # replicated: the Lamport mailbox, no half
+        ("fused_entry", False, 0, 0),
+    ],
+)
 def test_exchange_layout_per_op(op, sharded, in_rows, out_rows):
     X = _C.symm_exchange_layout(op, sharded, 10, 10, 64, 2, 4)
     assert (X["in_rows"], X["out_rows"]) == (in_rows, out_rows)
@@ -99,12 +110,14 @@ def test_paths():
 
     for T in (1, 7, 16):
         assert path("fused_layer", False, T, 7168) == "lamport"
-    assert path("fused_layer", False, 17, 7168) == "exchange"  # the op composes all_reduce + post_pre
+    assert (
+        path("fused_layer", False, 17, 7168) == "exchange"
+    )  # the op composes all_reduce + post_pre
     assert path("fused_layer", False, 16, 4100) == "fallback"  # H % 8: NCCL
-    assert path("all_reduce", False, 17, 7168) == "lamport"    # plain all_reduce: bytes decide
+    assert path("all_reduce", False, 17, 7168) == "lamport"  # plain all_reduce: bytes decide
     assert path("all_reduce", False, 19, 7168) == "exchange"
     assert path("all_reduce", False, 1, 64) == "lamport"
-    assert path("all_reduce", False, 4, 65536) == "exchange"   # 512 KiB: past a slot
+    assert path("all_reduce", False, 4, 65536) == "exchange"  # 512 KiB: past a slot
     assert path("fused_layer", True, 8192, 7168) == "exchange"
     assert path("fused_layer", True, 8192, 7168, world=1) == "fallback"  # 2 x 117 MB > 192 MiB
     assert path("fused_layer", True, 100, 4100) == "fallback"
@@ -135,7 +148,13 @@ def test_peer_table_checks():
         (ptrs[:2], 1, 3, 0x20000, "^peer_ptrs: expected 3 pointers"),
         ([0x10000, 0, 0x30000], 1, 3, 0, "^peer_ptrs: rank 1's buffer is not mapped"),
         ([0x10000, 0x20008, 0x30000], 1, 3, 0x20008, "^peer_ptrs: rank 1's buffer .* not 16-byte"),
-        ([0x10000, 0x10000, 0x30000], 0, 3, 0x10000, "^peer_ptrs: rank 1's buffer is mapped at the same"),
+        (
+            [0x10000, 0x10000, 0x30000],
+            0,
+            3,
+            0x10000,
+            "^peer_ptrs: rank 1's buffer is mapped at the same",
+        ),
         (ptrs, 2, 3, 0x20000, "^peer_ptrs: entry 2 \\(this rank\\)"),
         (ptrs, 3, 3, 0x20000, "^rank: "),
         (ptrs, 0, 0, 0x10000, "^world: "),
@@ -150,9 +169,13 @@ def test_error_text_names_the_peer():
     assert "rank 3" in text and "waiting for rank 5" in text and "block 17" in text
     assert "first barrier" in text and "epoch 42" in text and "group 'tp'" in text
     assert "broken" in text
-    assert "rank 6 had marked" in _C.symm_describe_error("peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0)
+    assert "rank 6 had marked" in _C.symm_describe_error(
+        "peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0
+    )
     assert "Lamport mailbox" in _C.symm_describe_error("peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0)
-    assert "rank 2 made a different call" in _C.symm_describe_error("mismatch", 0, 2, 0, 1, 1, 0, "g", 1)
+    assert "rank 2 made a different call" in _C.symm_describe_error(
+        "mismatch", 0, 2, 0, 1, 1, 0, "g", 1
+    )
 
 
 def test_unreachable_peers():
@@ -200,3 +223,26 @@ def test_cuda_build_exposes_the_harness_without_a_gpu():
     # The CUDA build links the transport; creating a group needs a GPU and says so.
     with pytest.raises(Exception):
         _C.SymmSimGroup(2, 0, 4096, 8192, 1.0)
+
+
+def test_harness_script_runs_to_its_no_gpu_exit():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "symm_harness.py"
+    spec = importlib.util.spec_from_file_location("symm_harness", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    assert harness.parse_args(["--quick", "--budget-s", "5"]).quick
+    # fp32 rank-order sum from +0, one rounding: -0 inputs give +0 (the mailbox's empty marker)
+    parts = [
+        torch.tensor([-0.0, 1.0, 2.0**-9]).bfloat16(),
+        torch.tensor([-0.0, 2.0**-8, 2.0**-9]).bfloat16(),
+    ]
+    total = harness.rank_sum(parts)
+    assert (
+        total.view(torch.int16).tolist()
+        == torch.tensor([0.0, 1.0, 2.0**-8]).bfloat16().view(torch.int16).tolist()
+    )
+    if not torch.cuda.is_available():
+        assert harness.main(["--quick"]) == 2

@@ -41,8 +41,9 @@ def _host_key() -> tuple:
         return (socket.gethostname(), os.getpid())
 
 
-def unreachable_peers(rank: int, hosts: Sequence, devices: Sequence[int],
-                      can_access: Callable[[int, int], bool]) -> list[int]:
+def unreachable_peers(
+    rank: int, hosts: Sequence, devices: Sequence[int], can_access: Callable[[int, int], bool]
+) -> list[int]:
     """Ranks whose GPU memory ``rank`` cannot map: on another host, on the same GPU, or without
     peer access from ``devices[rank]``."""
     if len(hosts) != len(devices):
@@ -50,21 +51,29 @@ def unreachable_peers(rank: int, hosts: Sequence, devices: Sequence[int],
     if not 0 <= rank < len(devices):
         raise ValueError(f"rank: expected a value in [0, {len(devices)}), got {rank}")
     mine = devices[rank]
-    return [p for p in range(len(devices)) if p != rank and (
-        hosts[p] != hosts[rank] or devices[p] == mine or not can_access(mine, devices[p]))]
+    return [
+        p
+        for p in range(len(devices))
+        if p != rank
+        and (hosts[p] != hosts[rank] or devices[p] == mine or not can_access(mine, devices[p]))
+    ]
 
 
 def choose(transport: str, unreachable: Sequence[Sequence[int]], name: str) -> str:
     """'symm' or 'nccl' for ``transport`` given every rank's unreachable peers (the same on all
     ranks). 'symm' where some rank cannot reach a peer is an error."""
     if transport not in ("auto", "symm", "nccl"):
-        raise ValueError(f"transport: expected 'auto', 'symm' or 'nccl' for cuda, got {transport!r}")
+        raise ValueError(
+            f"transport: expected 'auto', 'symm' or 'nccl' for cuda, got {transport!r}"
+        )
     pairs = [(r, p) for r, peers in enumerate(unreachable) for p in peers]
     if transport == "symm" and pairs:
         r, p = pairs[0]
-        raise ValueError(f"transport: 'symm' needs every rank of group {name!r} to map every other "
-                         f"rank's GPU memory (one host, peer access); rank {r} cannot reach rank "
-                         f"{p} (use 'nccl' or 'auto')")
+        raise ValueError(
+            f"transport: 'symm' needs every rank of group {name!r} to map every other "
+            f"rank's GPU memory (one host, peer access); rank {r} cannot reach rank "
+            f"{p} (use 'nccl' or 'auto')"
+        )
     if transport == "nccl" or pairs:
         return "nccl"
     return "symm"
@@ -80,9 +89,17 @@ def _check_bytes(value, name: str, default: int, minimum: int) -> int:
     return value
 
 
-def init(pg: ProcessGroup, name: str, rank: int, world: int, index: int, transport: str,
-         timeout_s: float, half_bytes: int | None = None,
-         mailbox_slot_bytes: int | None = None) -> str:
+def init(
+    pg: ProcessGroup,
+    name: str,
+    rank: int,
+    world: int,
+    index: int,
+    transport: str,
+    timeout_s: float,
+    half_bytes: int | None = None,
+    mailbox_slot_bytes: int | None = None,
+) -> str:
     """Set up the group's CUDA transport on device ``index``; collective. Returns the transport
     chosen ('symm' or 'nccl')."""
     if not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"):
@@ -90,8 +107,10 @@ def init(pg: ProcessGroup, name: str, rank: int, world: int, index: int, transpo
     half = _check_bytes(half_bytes, "half_bytes", DEFAULT_HALF_BYTES, 4096)
     slot = _check_bytes(mailbox_slot_bytes, "mailbox_slot_bytes", DEFAULT_MAILBOX_SLOT_BYTES, 16)
     if world > _CONSTANTS["max_world"] and transport == "symm":
-        raise ValueError(f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
-                         f"{name!r} has {world}")
+        raise ValueError(
+            f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
+            f"{name!r} has {world}"
+        )
     info = [None] * world
     dist.all_gather_object(info, (_host_key(), index), group=pg)
     hosts, devices = [i[0] for i in info], [i[1] for i in info]
