@@ -75,6 +75,7 @@ class SymmCommunicator final : public Communicator {
  public:
   SymmCommunicator(std::string group, std::unique_ptr<SymmWorkspace> workspace,
                    std::unique_ptr<Communicator> fallback);
+  const char* transport() const { return "symm"; }  // what mhc_sp.distributed.transport() reports
   void all_gather(Tensor& out, const Tensor& in) override;
   void reduce_scatter(Tensor& out, const Tensor& in) override;
   void all_reduce(Tensor& out, const Tensor& in) override;
