@@ -202,10 +202,11 @@ MHC_SP_HOST_DEVICE inline uint32_t load_broken(const uint32_t* p) {
 #endif
 }
 
-// The first rank to break the workspace is the one recorded.
+// The first rank to break the workspace is the one recorded. On the device `p` may be a peer
+// GPU's memory, so the CAS is system-scoped.
 MHC_SP_HOST_DEVICE inline void mark_broken(uint32_t* p, uint32_t rank) {
 #if defined(__CUDA_ARCH__)
-  atomicCAS(p, 0u, rank + 1);
+  atomicCAS_system(p, 0u, rank + 1);
   __threadfence_system();
 #else
   uint32_t expected = 0;
