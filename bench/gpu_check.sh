@@ -119,10 +119,12 @@ fi
 step symm_harness "$T_SYMM" "$PY" bench/symm_harness.py --json "$OUT/symm_harness.json" \
   --budget-s $((T_SYMM - 15))
 
-# The benchmark gets its own budget for new shapes, inside the step's hard timeout. Here only the
-# V4-Pro hidden size; the full sweep is
+# The benchmark gets its own budget for new shapes, inside the step's hard timeout. Here the V4-Pro
+# hidden size against the eager reference (torch.compile per shape would not fit); the full sweep,
+# compiled baseline included, is
 #   python -m mhc_sp.bench ops --device cuda --tokens 1,16,256,4096,16384 \
 #     --hidden 4096,7168 --json F
 step bench "$T_BENCH" "$PY" -m mhc_sp.bench ops --device cuda --json "$OUT/bench.json" \
-  --budget-s $((T_BENCH - 30)) --hidden 7168 --tokens 1,16,256,4096,16384 --repeats 10
+  --budget-s $((T_BENCH - 30)) --hidden 7168 --tokens 1,16,256,4096,16384 --compare eager \
+  --repeats 10
 exit 0

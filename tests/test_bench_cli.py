@@ -56,6 +56,14 @@ def test_ops_row_ratios_say_how_much_faster_the_op_is():
     assert cuda["graph"] is True and cuda["eager_graph"] is False
 
 
+def test_ops_compiled_baseline(tmp_path):
+    doc = run_cli(tmp_path, "ops", "--tokens", "2", "--hidden", "64", "--repeats", "2",
+                  "--warmup", "1", "--compare", "compile", "--ops", "hc_head")
+    (r,) = doc["rows"]
+    assert "compile_error" not in r
+    assert r["x_compile"] > 0 and math.isfinite(r["x_compile"])
+
+
 def test_ops_budget_leaves_out_later_shapes(tmp_path):
     doc = run_cli(tmp_path, "ops", "--tokens", "1,2", "--hidden", "64", "--repeats", "1",
                   "--warmup", "0", "--compare", "none", "--ops", "mhc_post", "--budget-s", "1e-9")

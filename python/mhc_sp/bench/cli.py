@@ -59,6 +59,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["tune", *QUICK])
-    args.argv = argv  # what the JSON records as the command line
+        argv = ["tune", *QUICK]
+        args = parser.parse_args(argv)
+    args.argv = argv  # the command line the JSON records: the one that ran
     return args
