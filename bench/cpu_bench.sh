@@ -12,6 +12,7 @@ mkdir -p bench/results
 # Math ops at decode and prefill sizes, against one fp32 GEMM, the eager and the compiled reference.
 $BENCH ops --device cpu --tokens 1,16,256 --hidden 4096 --gemm --repeats 60 \
   --json bench/results/cpu_ops.json
-# One SP boundary on a 2-rank gloo world: fused vs replicated vs separate ops.
-$BENCH layer --device cpu --tp 2 --tokens 16,256,4096 --hidden 4096 --repeats 20 \
-  --json bench/results/cpu_layer.json
+# One SP boundary on 2 ranks of one thread each: fused vs replicated vs separate ops, over shared
+# memory and over gloo in the same run; also gives the sharded-vs-replicated crossover.
+$BENCH layer --device cpu --tp 2 --tokens 2,4,8,16,32,64,128,256,512,1024,2048,4096 --hidden 4096 \
+  --threads 1 --transport shm,gloo --repeats 15 --json bench/results/cpu_layer.json

@@ -1,10 +1,12 @@
-// Sequence-parallel collectives and the fused boundary ops (DESIGN §2). Device-generic: the math
-// runs through the ops of mhc_ops.cpp, the collectives through the group's communicator (gloo for
-// CPU tensors, mhc_sp's NCCL communicator on the current stream for CUDA tensors). Nothing here
-// synchronises with the host on CUDA.
+// Sequence-parallel collectives and the fused boundary ops (DESIGN §2). Device-generic: every
+// argument is checked here; then a transport that runs whole boundaries in one pass (the CPU shm
+// transport) takes the fused op, and otherwise the op is composed from the group's collectives
+// (gloo for CPU tensors, mhc_sp's NCCL communicator on the current stream for CUDA tensors) and
+// the math ops of mhc_ops.cpp. Nothing here synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
+#include "mhc_sp/boundary_protocol.h"
 #include "mhc_sp/checks.h"
 #include "mhc_sp/comm.h"
 #include "mhc_sp/nvtx.h"
@@ -13,7 +15,8 @@
 namespace mhc_sp {
 namespace {
 
-int64_t shard_rows(int64_t tokens, int64_t world) { return (tokens + world - 1) / world; }
+using boundary::shard_rows;
+using boundary::shard_valid_rows;
 
 void check_rows_tensor(const Tensor& x, const char* name) {
   TORCH_CHECK_VALUE(x.defined(), name, ": expected a tensor, got None");
@@ -35,7 +38,6 @@ Tensor pad_rows(const Tensor& x, int64_t rows, int64_t padded_rows) {
 
 // Sum of every rank's x[:rows] (zero-padded to world * shard rows), this rank's shard of it.
 Tensor reduce_scatter_rows(const Tensor& x, int64_t rows, const GroupHandle& g) {
-  MHC_SP_NVTX_RANGE("reduce_scatter");
   const int64_t shard = shard_rows(rows, g.world);
   if (g.world == 1) return x.narrow(0, 0, rows);
   Tensor in = pad_rows(x, rows, shard * g.world);
@@ -47,7 +49,6 @@ Tensor reduce_scatter_rows(const Tensor& x, int64_t rows, const GroupHandle& g) 
 }
 
 Tensor all_reduce_rows(const Tensor& x, int64_t rows, const GroupHandle& g) {
-  MHC_SP_NVTX_RANGE("all_reduce");
   Tensor in = x.narrow(0, 0, rows);
   if (g.world == 1) return in;
   Tensor out = at::empty_like(in);
@@ -57,7 +58,6 @@ Tensor all_reduce_rows(const Tensor& x, int64_t rows, const GroupHandle& g) {
 
 // Every rank's x (rows, ...) concatenated, first num_tokens rows kept (-1: all).
 Tensor all_gather_rows(const Tensor& x, int64_t num_tokens, const GroupHandle& g) {
-  MHC_SP_NVTX_RANGE("all_gather");
   const int64_t total = x.size(0) * g.world;
   const int64_t keep = num_tokens < 0 ? total : num_tokens;
   if (g.world == 1) return x.narrow(0, 0, keep);
@@ -73,31 +73,42 @@ void check_num_tokens(int64_t num_tokens, int64_t available, const char* rows_of
                     available, "] (rows of ", rows_of, "), got ", num_tokens);
 }
 
-// Rows the stream must have on this rank: its shard when sharded, all tokens otherwise.
-int64_t stream_rows(bool sharded, int64_t num_tokens, const GroupHandle& g) {
-  return sharded ? shard_rows(num_tokens, g.world) : num_tokens;
-}
-
-void check_stream_rows(const Tensor& residual, int64_t expected, bool sharded, int64_t num_tokens,
-                       const GroupHandle& g) {
-  TORCH_CHECK_VALUE(residual.size(0) == expected, "residual: expected ", expected, " rows (",
-                    sharded ? "this rank's shard: ceil(num_tokens / world) = ceil(" : "num_tokens = ",
-                    num_tokens, sharded ? c10::str(" / ", g.world, ")") : std::string(), "), got shape ",
-                    shape_str(residual));
-}
-
-// The reduced sublayer output this rank posts into its stream rows.
-Tensor reduce_partial(const Tensor& partial, const Tensor& residual, const std::string& group,
-                      bool sharded, int64_t num_tokens, GroupHandle& g_out) {
+// The checks fused_layer and fused_head share: the stream, the partial against it, num_tokens,
+// the group, the stream's rows (this rank's shard when sharded, all tokens otherwise) and the
+// coefficients of the previous pre.
+std::pair<StreamShape, GroupHandle> check_boundary(const Tensor& partial, const Tensor& residual,
+                                                   const Tensor& post, const Tensor& comb,
+                                                   const std::string& group, bool sharded,
+                                                   int64_t num_tokens) {
   const StreamShape s = check_stream(residual, "residual");
   check_tensor(partial, "partial", at::kBFloat16, 2, "(tokens, hidden)", residual, "residual");
   check_size(partial, "partial", 1, s.H, "hidden");
   check_num_tokens(num_tokens, partial.size(0), "partial");
-  g_out = group_for(group, partial, "partial");
-  check_stream_rows(residual, stream_rows(sharded, num_tokens, g_out), sharded, num_tokens, g_out);
-  // Rows past num_tokens are ignored (treated as zero) so the stream's padding rows stay zero.
-  return sharded ? reduce_scatter_rows(partial, num_tokens, g_out)
-                 : all_reduce_rows(partial, num_tokens, g_out);
+  const GroupHandle g = group_for(group, partial, "partial");
+  const int64_t expected = sharded ? shard_rows(num_tokens, g.world) : num_tokens;
+  TORCH_CHECK_VALUE(s.T == expected, "residual: expected ", expected, " rows (",
+                    sharded ? "this rank's shard: ceil(num_tokens / world) = ceil(" : "num_tokens = ",
+                    num_tokens, sharded ? c10::str(" / ", g.world, ")") : std::string(), "), got shape ",
+                    shape_str(residual));
+  check_post_comb(post, comb, s, residual, "residual");
+  return {s, g};
+}
+
+// The reduced sublayer output this rank posts into its stream rows. Rows past num_tokens are
+// ignored (treated as zero) so the stream's padding rows stay zero.
+Tensor reduce_partial(const Tensor& partial, bool sharded, int64_t num_tokens, const GroupHandle& g) {
+  return sharded ? reduce_scatter_rows(partial, num_tokens, g) : all_reduce_rows(partial, num_tokens, g);
+}
+
+// Rows of this rank's stream past its real tokens: zeros (DESIGN §2), whatever the math made of
+// them.
+void zero_padding_rows(std::initializer_list<Tensor> outputs, bool sharded, int64_t num_tokens,
+                       const GroupHandle& g) {
+  if (!sharded) return;
+  const int64_t valid = shard_valid_rows(num_tokens, g.world, g.rank);
+  for (Tensor t : outputs) {
+    if (valid < t.size(0)) t.narrow(0, valid, t.size(0) - valid).zero_();
+  }
 }
 
 // reduce_scatter / all_reduce over all rows of x. A world of one returns a copy: the ops never
@@ -161,13 +172,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
   MHC_SP_NVTX_RANGE("fused_entry");
   check_tensor(x, "x", at::kBFloat16, 2, "(tokens, hidden)", x, "x");
   const GroupHandle g = group_for(group, x, "x");
+  // mhc_pre_broadcast's own checks, made before any rank exchanges anything.
+  const int64_t T = x.size(0), H = x.size(1);
+  TORCH_CHECK_VALUE(H >= 1, "x: hidden size (dim 1) must be positive, got shape ", shape_str(x));
+  check_tensor(fn, "fn", at::kFloat, 2, "(n*(n+2), n * hidden)", x, "x");
+  const int64_t n = fn.size(1) / H;
+  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult, "fn: expected shape (n*(n+2), n*",
+                    H, ") for hc_mult n in [1, ", kMaxHcMult, "] and hidden ", H, " (from x), got ",
+                    shape_str(fn));
+  const StreamShape rows{sharded ? shard_rows(T, g.world) : T, n, H};
+  check_mhc_projection(fn, hc_scale, hc_base, rows, x, "x");
+  const auto w = check_norm_weight(norm_weight, H, x, "x");
+  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
+                                      sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(x.device());
-  const int64_t tokens = x.size(0);
-  const Tensor rows = sharded && g.world > 1 ? shard_tokens(x, g.rank, g.world) : x;
-  auto [residual, post, comb, layer_input] =
-      mhc_pre_broadcast(rows, fn, hc_scale, hc_base, norm_weight, rms_eps, hc_pre_eps,
-                        hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  if (sharded && g.world > 1) layer_input = all_gather_rows(layer_input, tokens, g).contiguous();
+  if (g.comm && g.comm->fused()) {
+    return g.comm->fused()->fused_entry(EntryArgs{x, fn, hc_scale, hc_base, w, sc, rows, sharded});
+  }
+  const bool split = sharded && g.world > 1;
+  auto [residual, post, comb, layer_input] = [&] {
+    MHC_SP_NVTX_PHASE("fused_entry/pre");
+    const Tensor own = split ? shard_tokens(x, g.rank, g.world) : x;
+    return mhc_pre_broadcast(own, fn, hc_scale, hc_base, norm_weight, rms_eps, hc_pre_eps,
+                             hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  }();
+  if (split) {
+    zero_padding_rows({residual, post, comb}, sharded, T, g);
+    MHC_SP_NVTX_PHASE("fused_entry/gather");
+    layer_input = all_gather_rows(layer_input, T, g).contiguous();
+  }
   return {residual, post, comb, layer_input};
 }
 
@@ -177,15 +210,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
     const std::string& group, bool sharded, int64_t num_tokens, double rms_eps, double hc_pre_eps,
     double hc_sinkhorn_eps, double hc_post_mult, int64_t sinkhorn_iters, double norm_eps) {
   MHC_SP_NVTX_RANGE("fused_layer");
-  GroupHandle g{};
+  const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
+  check_mhc_projection(fn, hc_scale, hc_base, s, residual, "residual");
+  const auto w = check_norm_weight(norm_weight, s.H, residual, "residual");
+  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
+                                      sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
-  const Tensor x = reduce_partial(partial, residual, group, sharded, num_tokens, g);
+  if (g.comm && g.comm->fused()) {
+    return g.comm->fused()->fused_layer(LayerArgs{partial, residual, post, comb, fn, hc_scale, hc_base,
+                                                  w, sc, s, sharded, num_tokens});
+  }
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_layer/reduce");
+    return reduce_partial(partial, sharded, num_tokens, g);
+  }();
   auto [residual_out, post_out, comb_out, layer_input] = [&] {
-    MHC_SP_NVTX_RANGE("mhc_post_pre");
+    MHC_SP_NVTX_PHASE("fused_layer/post_pre");
     return mhc_post_pre(x, residual, post, comb, fn, hc_scale, hc_base, norm_weight, rms_eps,
                         hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   }();
-  if (sharded && g.world > 1) layer_input = all_gather_rows(layer_input, num_tokens, g).contiguous();
+  if (sharded && g.world > 1) {
+    zero_padding_rows({residual_out, post_out, comb_out}, sharded, num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_layer/gather");
+    layer_input = all_gather_rows(layer_input, num_tokens, g).contiguous();
+  }
   return {residual_out, post_out, comb_out, layer_input};
 }
 
@@ -195,16 +243,33 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
                                       const std::string& group, bool sharded, int64_t num_tokens,
                                       double rms_eps, double hc_eps) {
   MHC_SP_NVTX_RANGE("fused_head");
-  GroupHandle g{};
-  const c10::DeviceGuard guard(residual.device());
   // Checked here so that errors name fused_head's own arguments (hc_head would say "fn").
   check_projection(head_fn, "head_fn", head_scale, "head_scale", head_base, "head_base",
                    check_stream(residual, "residual"), residual.size(1), "hc_mult rows for the head", 1,
                    residual, "residual");
-  const Tensor x = reduce_partial(partial, residual, group, sharded, num_tokens, g);
-  Tensor residual_out = mhc_post(x, residual, post, comb);
-  Tensor hidden = hc_head(residual_out, head_fn, head_scale, head_base, rms_eps, hc_eps);
-  if (sharded && g.world > 1) hidden = all_gather_rows(hidden, num_tokens, g).contiguous();
+  const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
+  TORCH_CHECK_VALUE(hc_eps >= 0, "hc_eps: expected a value >= 0, got ", hc_eps);
+  check_scalars(rms_eps, hc_eps, 0.0, 1.0, 1, 1e-6);
+  const c10::DeviceGuard guard(residual.device());
+  if (g.comm && g.comm->fused()) {
+    return g.comm->fused()->fused_head(HeadArgs{partial, residual, post, comb, head_fn, head_scale,
+                                                head_base, rms_eps, hc_eps, s, sharded, num_tokens});
+  }
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/reduce");
+    return reduce_partial(partial, sharded, num_tokens, g);
+  }();
+  auto [residual_out, hidden] = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/post_head");
+    Tensor stream = mhc_post(x, residual, post, comb);
+    Tensor collapsed = hc_head(stream, head_fn, head_scale, head_base, rms_eps, hc_eps);
+    return std::make_tuple(stream, collapsed);
+  }();
+  if (sharded && g.world > 1) {
+    zero_padding_rows({residual_out}, sharded, num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_head/gather");
+    hidden = all_gather_rows(hidden, num_tokens, g).contiguous();
+  }
   return {hidden, residual_out};
 }
 

@@ -1,7 +1,8 @@
 """One sequence-parallel sublayer boundary, the way an engine drives it.
 
-    torchrun --nproc-per-node 2 examples/sp_boundary.py              # gloo on CPU
-    torchrun --nproc-per-node 2 examples/sp_boundary.py --device cuda  # NCCL, one GPU per rank
+    torchrun --nproc-per-node 2 examples/sp_boundary.py                    # CPU, shared memory
+    torchrun --nproc-per-node 2 examples/sp_boundary.py --transport gloo   # CPU, gloo
+    torchrun --nproc-per-node 2 examples/sp_boundary.py --device cuda      # NCCL, one GPU per rank
 
 Every rank starts from the same replicated embedding output, keeps only its token shard of the
 mHC stream, and ends with the full `layer_input` for the next (tensor-parallel) sublayer. The
@@ -25,13 +26,16 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--tokens", type=int, default=37)
     ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--transport", default="auto", help="cpu: auto, shm, gloo; cuda: auto, nccl")
     args = ap.parse_args()
 
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("gloo" if args.device == "cpu" else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    group = msd.init(device=args.device)  # registers WORLD with mhc_sp (NCCL comm on CUDA)
+    # Registers WORLD with mhc_sp: on CPU "auto" picks shared memory when every rank is on this
+    # host (gloo otherwise); on CUDA it creates mhc_sp's NCCL communicator.
+    group = msd.init(device=args.device, transport=args.transport)
     device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
 
     T, H = args.tokens, args.hidden
@@ -60,7 +64,8 @@ def main():
                              full["fn"], full["scale"], full["base"], full["norm_weight"], True, T)[rank]
     assert_close(cpu(ffn_in), expected[3], "layer_input")
     assert_close(cpu(residual), expected[0], "residual")
-    print(f"rank {rank}/{world}: stream shard {tuple(residual.shape)}, layer_input {tuple(ffn_in.shape)}: OK")
+    print(f"rank {rank}/{world} ({msd.transport(group, args.device)}): stream shard "
+          f"{tuple(residual.shape)}, layer_input {tuple(ffn_in.shape)}: OK")
     msd.destroy()
     dist.destroy_process_group()
 

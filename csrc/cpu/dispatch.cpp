@@ -4,14 +4,6 @@
 
 namespace mhc_sp {
 namespace cpu {
-namespace DEFAULT {
-extern const KernelTable table;
-}
-#if defined(MHC_SP_HAVE_CPU_AVX2)
-namespace AVX2 {
-extern const KernelTable table;
-}
-#endif
 
 static const KernelTable& select_kernels() {
 #if defined(MHC_SP_HAVE_CPU_AVX2)

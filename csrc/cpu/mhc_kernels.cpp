@@ -17,17 +17,14 @@
 namespace mhc_sp::cpu {
 namespace CPU_CAPABILITY {
 
-extern const KernelTable table;
-
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
 constexpr int64_t kV2 = 2 * kV;       // one Vectorized<BFloat16> worth of elements
-constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn chunk
-constexpr int64_t kChunk = 512;       // hidden elements per projection chunk (its fn rows stay in L1/L2)
+constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn leaf
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
 constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
 constexpr int64_t kSplitHiddenTokens = 4;  // up to this many tokens, threads split the hidden dim
-constexpr int64_t kSplitSpan = 1024;       // in spans of this many elements
+static_assert(kV == 8, "the lane-sum tree (lane_sum, lane_sums8) is written for 8 fp32 lanes");
 
 // bf16 I/O for elementwise loops: 16 values as two fp32 vectors, in an order that only the
 // matching store16 undoes (fp32 operands are loaded in the same order by load16). On AVX2 the
@@ -61,7 +58,7 @@ inline __m256i bf16_bits(__m256 f) {
   return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
 }
 
-// Rounds to bf16, stores, returns the rounded values.
+// Rounds a and b to bf16 and stores them; a and b are left holding the rounded values.
 template <bool kAnyNaN = true>
 inline void store16(BFloat16* p, Vec& a, Vec& b) {
   const __m256i lo = bf16_bits<kAnyNaN>(a), hi = bf16_bits<kAnyNaN>(b);
@@ -91,12 +88,11 @@ inline Vec broadcast_coefficient(float v) {
   return Vec(std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v);
 }
 
-inline float hsum(const Vec& v) {
-  float lanes[kV];
-  v.store(lanes);
-  float s = 0.f;
-  for (int64_t i = 0; i < kV; ++i) s += lanes[i];
-  return s;
+// Sum of v's kV lanes as ((0+1)+(2+3))+((4+5)+(6+7)): the tree lane_sums8 computes too.
+inline float lane_sum(const Vec& v) {
+  float l[kV];
+  v.store(l);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
 inline float round_bf16(float v, BFloat16* dst) {
@@ -104,17 +100,15 @@ inline float round_bf16(float v, BFloat16* dst) {
   return static_cast<float>(*dst);
 }
 
-// mhc_post for one token over hidden range [h0, h1). With kSquares, also returns the sum of
-// squares of the bf16-rounded outputs (what the following pre normalises by in mhc_post_pre).
-template <int N, bool kSquares>
-float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
+// mhc_post for one token over hidden range [h0, h1).
+template <int N>
+void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
                 const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
   // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN select.
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = broadcast_coefficient(post[j]);
   for (int i = 0; i < N; ++i)
     for (int j = 0; j < N; ++j) cv[i][j] = broadcast_coefficient(comb[i * N + j]);
-  Vec sq(0.f);
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
     Vec xa, xb, ra[N], rb[N];
@@ -127,20 +121,43 @@ float post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* 
         ob = at::vec::fmadd(cv[i][j], rb[i], ob);
       }
       store16<false>(out + j * H + h, oa, ob);
-      if constexpr (kSquares) sq = at::vec::fmadd(oa, oa, at::vec::fmadd(ob, ob, sq));
     }
   }
-  float sq_tail = 0.f;
   for (; h < h1; ++h) {
     const float xv = static_cast<float>(x[h]);
     for (int j = 0; j < N; ++j) {
       float o = post[j] * xv;
       for (int i = 0; i < N; ++i) o += comb[i * N + j] * static_cast<float>(res[i * H + h]);
-      const float r = round_bf16(o, out + j * H + h);
-      sq_tail += r * r;
+      out[j * H + h] = BFloat16(o);
     }
   }
-  return kSquares ? hsum(sq) + sq_tail : 0.f;
+}
+
+// Row t of x over [h0, h1): p.x's own, or the rank-order fp32 sum of p.x_parts rounded once to
+// bf16 (see PostParams), made in a per-thread row that stays in cache.
+const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
+  if (p.x_parts_count == 0) return p.x + t * p.H;
+  thread_local std::vector<BFloat16> row;
+  if (static_cast<int64_t>(row.size()) < p.H) row.resize(p.H);
+  const int64_t off = t * p.H;
+  int64_t h = h0;
+  for (; h + kV2 <= h1; h += kV2) {
+    Vec a, b;
+    load16(p.x_parts[0] + off + h, a, b);
+    for (int64_t r = 1; r < p.x_parts_count; ++r) {
+      Vec c, d;
+      load16(p.x_parts[r] + off + h, c, d);
+      a = a + c;
+      b = b + d;
+    }
+    store16(row.data() + h, a, b);
+  }
+  for (; h < h1; ++h) {
+    float v = static_cast<float>(p.x_parts[0][off + h]);
+    for (int64_t r = 1; r < p.x_parts_count; ++r) v += static_cast<float>(p.x_parts[r][off + h]);
+    row[h] = BFloat16(v);
+  }
+  return row.data();
 }
 
 void mhc_post(const PostParams& p) {
@@ -152,9 +169,9 @@ void mhc_post(const PostParams& p) {
     at::parallel_for(0, p.T * spans, grain, [&](int64_t begin, int64_t end) {
       for (int64_t w = begin; w < end; ++w) {
         const int64_t t = w / spans, h0 = (w % spans) * kPostSpan;
-        post_span<N, false>(p.x + t * p.H, p.residual + t * N * p.H, p.H, p.post + t * N,
-                     p.comb + t * N * N, p.residual_out + t * N * p.H, h0,
-                     std::min(p.H, h0 + kPostSpan));
+        const int64_t h1 = std::min(p.H, h0 + kPostSpan);
+        post_span<N>(post_x(p, t, h0, h1), p.residual + t * N * p.H, p.H, p.post + t * N,
+                     p.comb + t * N * N, p.residual_out + t * N * p.H, h0, h1);
       }
     });
   });
@@ -191,90 +208,216 @@ inline Vec load_once(const float* p) {
   return v;
 }
 
-// acc[r][m] += X[r][:kc] . f[m][:kc] for a TR x MR tile. X rows are bf16, widened in registers,
-// so the stream is never staged as fp32; f rows are fstride apart.
-template <int TR, int MR>
-inline void dot_tile(const BFloat16* const* xs, const float* f, int64_t fstride, int64_t kc,
-                     Vec* acc) {
-  Vec a[TR][MR];
-  for (int r = 0; r < TR; ++r)
-    for (int m = 0; m < MR; ++m) a[r][m] = acc[r * kMaxRows + m];
-  int64_t k = 0;
-  for (; k + kV <= kc; k += kV) {
-    Vec xv[TR];
-    for (int r = 0; r < TR; ++r) xv[r] = widen8(xs[r] + k);
-    for (int m = 0; m < MR; ++m) {
-      const Vec fv = load_once(f + m * fstride + k);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-    }
-  }
-  if (k < kc) {
-    const int rest = static_cast<int>(kc - k);
-    Vec xv[TR];
-    for (int r = 0; r < TR; ++r) xv[r] = widen_partial(xs[r] + k, rest);
-    for (int m = 0; m < MR; ++m) {
-      const Vec fv = Vec::loadu(f + m * fstride + k, rest);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-    }
-  }
-  for (int r = 0; r < TR; ++r)
-    for (int m = 0; m < MR; ++m) acc[r * kMaxRows + m] = a[r][m];
+// ---- The pre family: one summation order for every path -------------------------------------
+//
+// The projection mix[m] = X . fn[m] and the sum of squares of X are sums over n*H products. Their
+// order is fixed by the hidden dimension alone, never by the token count, the token blocking or the
+// thread count, so a token's outputs are bitwise the same in every call (batch invariance):
+//   leaf (span c)   hidden positions [c*kSpan, (c+1)*kSpan) of every projected stream, accumulated
+//                   in fp32 vector lanes (stream by stream, kV positions at a time), the lanes then
+//                   added in the tree of lane_sum;
+//   mix, squares    the leaves added pairwise over c (tree_sum).
+// Short per-lane chains plus pairwise trees also make the projection at least as accurate as a
+// blocked fp32 GEMM. Work is split into token blocks (prefill) or span groups (decode); both only
+// decide who computes which leaves, never how.
+
+constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of kV2)
+constexpr int64_t kSplitSpans = 8;   // leaves per decode work item
+constexpr int64_t kParallelMacs = 100000;  // smaller decode projections run on one thread
+static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
+
+// out[j] = lane_sum of the vector at v + j * kV, for j < 8 (three horizontal adds on AVX2).
+inline void lane_sums8(const float* v, float* out) {
+#if defined(CPU_CAPABILITY_AVX2)
+  auto at = [&](int j) { return _mm256_loadu_ps(v + j * kV); };
+  const __m256 a = _mm256_hadd_ps(at(0), at(1)), b = _mm256_hadd_ps(at(2), at(3));
+  const __m256 c = _mm256_hadd_ps(at(4), at(5)), d = _mm256_hadd_ps(at(6), at(7));
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // per 128-bit half
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20),
+                                      _mm256_permute2f128_ps(ab, cd, 0x31)));
+#else
+  for (int j = 0; j < 8; ++j) out[j] = lane_sum(Vec::loadu(v + j * kV));
+#endif
 }
 
-// mix[r][m] = X[r, :] . fn[m, :] for a block of tokens, fed one chunk of X at a time. The token
-// block amortises each fn chunk over many tokens (fn is read once per block, from L2/L3).
-struct Projection {
-  const float* fn;
-  int64_t rows, fstride;
-  int tokens;
-  Vec acc[kTokenBlock * kMaxRows];
-
-  Projection(const float* fn_, int64_t rows_, int64_t fstride_, int tokens_)
-      : fn(fn_), rows(rows_), fstride(fstride_), tokens(tokens_) {
-    for (int i = 0; i < tokens * kMaxRows; ++i) acc[i] = Vec(0.f);
+// Adds `count` arrays of `width` floats, `stride` apart, pairwise into the first: level by level,
+// array j absorbs array j + step for every j that is a multiple of 2 * step. The tree depends only
+// on count (it splits at the largest power of two below count), each of the `width` sums follows it,
+// and the additions run across the width, vectorised. The arrays are overwritten.
+inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
+  for (int64_t step = 1; step < count; step *= 2) {
+    for (int64_t j = 0; j + step < count; j += 2 * step) {
+      float* a = v + j * stride;
+      const float* b = a + step * stride;
+      for (int64_t e = 0; e < width; ++e) a[e] += b[e];
+    }
   }
+}
 
-  // xs[r]: token r's bf16 values X[r, k0 : k0 + kc].
-  void add(const BFloat16* const* xs, int64_t k0, int64_t kc) {
-    const float* f = fn + k0;
-    int64_t m = 0;
-    for (; m + 6 <= rows; m += 6) tile<6>(xs, f + m * fstride, kc, m);
-    for (; m + 2 <= rows; m += 2) tile<2>(xs, f + m * fstride, kc, m);
-    for (; m < rows; ++m) tile<1>(xs, f + m * fstride, kc, m);
+// Streams [i0, i0 + ns) of a leaf for a TR x MR tile: the vector at acc + (r * astride + m) * kV
+// holds the lanes of X_r . f_m, to which this adds (or, with `first`, sets) the products over `len`
+// positions of token r's rows x[r * ns + i] and fn row m of stream i0 + i at f + m * fstride +
+// i * sstride, stream by stream; with kSquares also the squares of X_r, in the vector at
+// acc + (r * astride + sq_slot) * kV. X is bf16, widened in registers, never staged as fp32. Which
+// streams one call covers changes nothing but the loads and stores of acc: the adds are the same.
+template <int TR, int MR, bool kSquares>
+inline void leaf_tile(const BFloat16* const* x, int64_t ns, const float* f, int64_t fstride,
+                      int64_t sstride, int64_t len, bool first, float* acc, int64_t astride,
+                      int64_t sq_slot) {
+  Vec a[TR][MR], sq[TR];
+  for (int r = 0; r < TR; ++r) {
+    for (int m = 0; m < MR; ++m) a[r][m] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + m) * kV);
+    if constexpr (kSquares) sq[r] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + sq_slot) * kV);
   }
-
-  // 2 tokens x 6 rows = 12 independent accumulators: enough to hide FMA latency on two ports
-  // while staying within 16 vector registers.
-  template <int MR>
-  void tile(const BFloat16* const* xs, const float* f, int64_t kc, int64_t m) {
-    int r = 0;
-    for (; r + 2 <= tokens; r += 2) dot_tile<2, MR>(xs + r, f, fstride, kc, acc + r * kMaxRows + m);
-    for (; r < tokens; ++r) dot_tile<1, MR>(xs + r, f, fstride, kc, acc + r * kMaxRows + m);
+  for (int64_t i = 0; i < ns; ++i) {
+    const float* fi = f + i * sstride;
+    int64_t k = 0;
+    for (; k + kV <= len; k += kV) {
+      Vec xv[TR];
+      for (int r = 0; r < TR; ++r) {
+        xv[r] = widen8(x[r * ns + i] + k);
+        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const Vec fv = load_once(fi + m * fstride + k);
+        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      }
+    }
+    if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
+      const int rest = static_cast<int>(len - k);
+      Vec xv[TR];
+      for (int r = 0; r < TR; ++r) {
+        xv[r] = widen_partial(x[r * ns + i] + k, rest);
+        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const Vec fv = Vec::loadu(fi + m * fstride + k, rest);
+        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      }
+    }
   }
+  for (int r = 0; r < TR; ++r) {
+    for (int m = 0; m < MR; ++m) a[r][m].store(acc + (r * astride + m) * kV);
+    if constexpr (kSquares) sq[r].store(acc + (r * astride + sq_slot) * kV);
+  }
+}
 
-  float mix(int r, int64_t m) const { return hsum(acc[r * kMaxRows + m]); }
+// Rows [m, m + MR) for every token: token pairs, then a single one. 2 tokens x 6 rows = 12
+// independent accumulators hide the FMA latency within 16 vector registers (2 x (4 + squares)
+// for the tile that also sums the squares).
+template <int MR, bool kSquares = false>
+inline void leaf_rows(const BFloat16* const* x, int tb, int64_t ns, const float* f,
+                      int64_t fstride, int64_t sstride, int64_t len, bool first, float* acc,
+                      int64_t astride, int64_t sq_slot) {
+  int r = 0;
+  for (; r + 2 <= tb; r += 2) {
+    leaf_tile<2, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
+                               acc + r * astride * kV, astride, sq_slot);
+  }
+  for (; r < tb; ++r) {
+    leaf_tile<1, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
+                               acc + r * astride * kV, astride, sq_slot);
+  }
+}
+
+// Where one token's leaves live: [spans][rows + 1], the last entry of a span its sum of squares.
+struct LeafLayout {
+  int64_t spans, stride, token_stride;
+  explicit LeafLayout(const PreParams& p)
+      : spans((p.H + kSpan - 1) / kSpan), stride(p.rows + 1), token_stride(spans * (p.rows + 1)) {}
 };
 
-// sum of squares of a bf16 row.
-float row_squares(const BFloat16* row, int64_t len) {
-  Vec sq(0.f);
-  int64_t h = 0;
-  for (; h + kV2 <= len; h += kV2) {
-    Vec a, b;
-    load16(row + h, a, b);
-    sq = at::vec::fmadd(a, a, at::vec::fmadd(b, b, sq));
+// Leaves [c0, c1) of tokens [0, tb), (c1 - c0) * tb <= kTokenBlock: leaf c of token r goes to
+// leaves[r * token_stride + c * stride + m] for every fn row m, and its sum of squares to m = rows;
+// token r's row of stream i at xs[r * streams + i]. Many tokens (a block): stream by stream, so
+// that the fn rows a tile reads (fn rows are a multiple of 4 KiB apart, and so share cache sets)
+// stay in L1 while every token passes over them. Few tokens (decode: fn is read once, from L2 or
+// L3): every stream in one pass per tile, in long runs over the leaves. The squares ride along
+// with the first (at most 4) rows.
+void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
+                    const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, float* leaves) {
+  const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
+  // leaf c, token r: slot (c - c0) * tb + r; row m of a slot (m = rows: squares) is the vector at
+  // (slot * astride + m) * kV
+  float acc[kTokenBlock * (kMaxRows + 1) * kV];
+  const int64_t lead = std::min<int64_t>(rows, 4);
+  const int64_t ns = tb <= kSplitHiddenTokens ? streams : 1;  // streams per pass
+  for (int64_t i0 = 0; i0 < streams; i0 += ns) {
+    const bool first = i0 == 0;
+    // Rows [m, m + MR) of every leaf and token (with kSquares, also the squares).
+    auto tiles = [&](int64_t m, auto mr, auto squares) {
+      constexpr int MR = decltype(mr)::value;
+      constexpr bool kSquares = decltype(squares)::value;
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
+        const BFloat16* x[kTokenBlock * kMaxHcMult];
+        for (int r = 0; r < tb; ++r)
+          for (int64_t i = 0; i < ns; ++i) x[r * ns + i] = xs[r * streams + i0 + i] + h0;
+        leaf_rows<MR, kSquares>(x, tb, ns, p.fn + i0 * p.H + h0 + m * fstride, fstride, p.H, len,
+                                first, acc + ((c - c0) * tb * astride + m) * kV, astride, rows - m);
+      }
+    };
+    using std::integral_constant;
+    using Sq = integral_constant<bool, true>;
+    using NoSq = integral_constant<bool, false>;
+    switch (lead) {
+      case 4: tiles(0, integral_constant<int, 4>{}, Sq{}); break;
+      case 3: tiles(0, integral_constant<int, 3>{}, Sq{}); break;
+      case 2: tiles(0, integral_constant<int, 2>{}, Sq{}); break;
+      default: tiles(0, integral_constant<int, 1>{}, Sq{}); break;
+    }
+    int64_t m = lead;
+    for (; rows - m >= 6 && rows - m != 8; m += 6) tiles(m, integral_constant<int, 6>{}, NoSq{});
+    for (; rows - m >= 4; m += 4) tiles(m, integral_constant<int, 4>{}, NoSq{});
+    for (; rows - m >= 2; m += 2) tiles(m, integral_constant<int, 2>{}, NoSq{});
+    for (; rows - m >= 1; m += 1) tiles(m, integral_constant<int, 1>{}, NoSq{});
   }
-  float tail = 0.f;
-  for (; h < len; ++h) tail += static_cast<float>(row[h]) * static_cast<float>(row[h]);
-  return hsum(sq) + tail;
+  float sums[kTokenBlock * (kMaxRows + 1)];
+  const int64_t vectors = (c1 - c0) * tb * astride;
+  int64_t g = 0;
+  for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
+  for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
+  for (int64_t c = c0; c < c1; ++c) {
+    for (int r = 0; r < tb; ++r) {
+      const float* from = sums + ((c - c0) * tb + r) * astride;
+      std::copy(from, from + astride, leaves + r * L.token_stride + c * L.stride);
+    }
+  }
 }
 
-// out = bf16(sum_i pre[i] * stream_i), then optionally the fused RMSNorm on float(out).
+// Leaves [c0, c1) of tokens [t0, t0 + tb); leaves points at token t0's first leaf. First, token by
+// token, `produce(t, h0, h1)` makes token t's projected rows `proj_row(t, i)` ready over [h0, h1)
+// (mhc_post_pre: runs the post; a no-op when they are the input); then the projection, a few
+// leaves at a time, prefetching the next ones' rows (input rows are read here for the first time,
+// in runs of one leaf per token and stream: too many streams for the hardware prefetcher).
+template <typename Produce, typename ProjRow>
+void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
+                    int64_t c0, int64_t c1, float* leaves, Produce&& produce, ProjRow&& proj_row) {
+  for (int r = 0; r < tb; ++r) produce(t0 + r, c0 * kSpan, std::min(p.H, c1 * kSpan));
+  const BFloat16* xs[kTokenBlock * kMaxHcMult];
+  for (int r = 0; r < tb; ++r)
+    for (int64_t i = 0; i < streams; ++i) xs[r * streams + i] = proj_row(t0 + r, i);
+  const int64_t per_call = std::max(1, kTokenBlock / tb);
+  auto prefetch = [&](int64_t b0, int64_t b1) {
+    const int64_t h0 = b0 * kSpan, h1 = std::min(p.H, b1 * kSpan);
+    for (int64_t j = 0; j < tb * streams; ++j)
+      for (int64_t h = h0; h < h1; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h);
+  };
+  prefetch(c0, std::min(c1, c0 + 2 * per_call));
+  for (int64_t b = c0; b < c1; b += per_call) {
+    const int64_t e = std::min(c1, b + per_call), ahead = std::min(c1, e + per_call);
+    if (ahead < c1) prefetch(ahead, std::min(c1, ahead + per_call));
+    project_leaves(p, L, streams, xs, tb, b, e, leaves);
+  }
+}
+
+// out = bf16(sum_i pre[i] * stream_i), then with kNorm the fused RMSNorm on float(out).
+template <bool kNorm>
 void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64_t H,
               const float* norm_weight, float norm_eps, BFloat16* out) {
   Vec pv[kMaxHcMult];
   for (int64_t i = 0; i < n; ++i) pv[i] = Vec(pre[i]);
-  Vec sq(0.f);
+  Vec sqa(0.f), sqb(0.f);
   int64_t h = 0;
   for (; h + kV2 <= H; h += kV2) {
     Vec ya(0.f), yb(0.f);
@@ -284,8 +427,11 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
       ya = at::vec::fmadd(pv[i], a, ya);
       yb = at::vec::fmadd(pv[i], b, yb);
     }
-    store16(out + h, ya, yb);
-    sq = at::vec::fmadd(ya, ya, at::vec::fmadd(yb, yb, sq));
+    store16<false>(out + h, ya, yb);  // NaNs here come from bf16 inputs or the FPU (see bf16_bits)
+    if constexpr (kNorm) {
+      sqa = at::vec::fmadd(ya, ya, sqa);
+      sqb = at::vec::fmadd(yb, yb, sqb);
+    }
   }
   float sq_tail = 0.f;
   for (; h < H; ++h) {
@@ -294,8 +440,8 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
     const float r = round_bf16(y, out + h);
     sq_tail += r * r;
   }
-  if (!norm_weight) return;
-  const float total = hsum(sq) + sq_tail;
+  if constexpr (!kNorm) return;
+  const float total = lane_sum(sqa + sqb) + sq_tail;
   const float inv = 1.0f / std::sqrt(total / static_cast<float>(H) + norm_eps);
   const Vec iv(inv);
   for (h = 0; h + kV2 <= H; h += kV2) {
@@ -309,127 +455,89 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   for (; h < H; ++h) round_bf16(static_cast<float>(out[h]) * inv * norm_weight[h], out + h);
 }
 
-// Token t's coefficients from its projected mix and sum of squares (over `count` values), then
-// the collapse of its n rows `stream_row(t, i)` into p.out.
+// Tokens [t0, t0 + tb) from their leaves (consumed): mix and squares (tree_sum over spans), the
+// coefficients, then the collapse of token t's rows `stream_row(t, i)` into p.out.
 template <typename StreamRow>
-void finish_token(const PreParams& p, int64_t t, const float* mix, float squares, float count,
-                  StreamRow&& stream_row) {
-  float pre[kMaxHcMult];
-  const float inv_rms = 1.0f / std::sqrt(squares / count + p.s.rms_eps);
-  if (p.post) {
-    mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
-                     p.post + t * p.n, p.comb + t * p.n * p.n);
-  } else {
-    pre_weights(mix, inv_rms, p.scale[0], p.base, static_cast<int>(p.n), p.s.hc_pre_eps, pre);
-  }
-  const BFloat16* streams[kMaxHcMult];
-  for (int64_t i = 0; i < p.n; ++i) streams[i] = stream_row(t, i);
-  collapse(streams, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
-}
-
-// The pre of tokens [t0, t0 + tb) whose projected rows are ready in bf16 memory (and, having just
-// been read or written sequentially by the caller, in cache): the projection over `proj_streams`
-// rows of width H per token (`proj_row(t, i)`), then finish_token. `squares[r]` is token r's sum
-// of squares over its projected rows.
-template <typename ProjRow, typename StreamRow>
-void pre_block(const PreParams& p, int64_t t0, int tb, int64_t proj_streams, const float* squares,
-               ProjRow&& proj_row, StreamRow&& stream_row) {
-  Projection proj(p.fn, p.rows, proj_streams * p.H, tb);
-  const BFloat16* xs[kTokenBlock];
-  for (int64_t i = 0; i < proj_streams; ++i) {
-    for (int64_t h0 = 0; h0 < p.H; h0 += kChunk) {
-      for (int r = 0; r < tb; ++r) xs[r] = proj_row(t0 + r, i) + h0;
-      proj.add(xs, i * p.H + h0, std::min(kChunk, p.H - h0));
-    }
-  }
+void finish_tokens(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
+                   float* leaves, StreamRow&& stream_row) {
+  const float count = static_cast<float>(streams * p.H);
   for (int r = 0; r < tb; ++r) {
-    float mix[kMaxRows];
-    for (int64_t m = 0; m < p.rows; ++m) mix[m] = proj.mix(r, m);
-    finish_token(p, t0 + r, mix, squares[r], static_cast<float>(proj_streams * p.H), stream_row);
+    const int64_t t = t0 + r;
+    const float* mix = leaves + r * L.token_stride;
+    tree_sum(leaves + r * L.token_stride, L.spans, L.stride, L.stride);
+    const float squares = mix[p.rows];
+    float pre[kMaxHcMult];
+    const float inv_rms = 1.0f / std::sqrt(squares / count + p.s.rms_eps);
+    if (p.post) {
+      mhc_coefficients(mix, inv_rms, p.scale, p.base, static_cast<int>(p.n), p.s, pre,
+                       p.post + t * p.n, p.comb + t * p.n * p.n);
+    } else {
+      pre_weights(mix, inv_rms, p.scale[0], p.base, static_cast<int>(p.n), p.s.hc_pre_eps, pre);
+    }
+    const BFloat16* rows[kMaxHcMult];
+    for (int64_t i = 0; i < p.n; ++i) rows[i] = stream_row(t, i);
+    if (p.norm_weight) {
+      collapse<true>(rows, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+    } else {
+      collapse<false>(rows, pre, p.n, p.H, nullptr, 0.f, p.out + t * p.H);
+    }
   }
 }
 
-// Decode-size calls have too few tokens to give every thread a block, so the hidden dimension is
-// split instead: work item c makes hidden span c of every token ready (`produce`) and projects it
-// into partial sums, which are then added in span order. Neither the spans nor that order depend
-// on the thread count, and so neither does the result.
+// The pre of every token. Decode-size calls (T <= kSplitHiddenTokens) have too few tokens to give
+// every thread a block, so threads take groups of leaves of all tokens instead; larger calls
+// give each thread whole blocks of tokens, whose rows stay in cache from their production through
+// the projection to the collapse.
 template <typename Produce, typename ProjRow, typename StreamRow>
-void pre_split_hidden(const PreParams& p, int64_t proj_streams, Produce&& produce,
-                      ProjRow&& proj_row, StreamRow&& stream_row) {
-  const int tb = static_cast<int>(p.T);
-  const int64_t spans = (p.H + kSplitSpan - 1) / kSplitSpan;
-  const int64_t stride = tb * (kMaxRows + 1);  // per span: each token's mix, then its squares
-  std::vector<float> partial(spans * stride);
-  at::parallel_for(0, spans, 1, [&](int64_t begin, int64_t end) {
-    const BFloat16* xs[kTokenBlock];
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t h0 = c * kSplitSpan, h1 = std::min(p.H, h0 + kSplitSpan);
-      float* out = partial.data() + c * stride;
-      for (int r = 0; r < tb; ++r) out[tb * kMaxRows + r] = produce(r, h0, h1);
-      Projection proj(p.fn, p.rows, proj_streams * p.H, tb);
-      for (int64_t i = 0; i < proj_streams; ++i) {  // fn read forward, row by row, as in pre_block
-        for (int64_t k0 = h0; k0 < h1; k0 += kChunk) {
-          for (int r = 0; r < tb; ++r) xs[r] = proj_row(r, i) + k0;
-          proj.add(xs, i * p.H + k0, std::min(kChunk, h1 - k0));
-        }
-      }
-      for (int r = 0; r < tb; ++r)
-        for (int64_t m = 0; m < p.rows; ++m) out[r * kMaxRows + m] = proj.mix(r, m);
-    }
-  });
-  for (int r = 0; r < tb; ++r) {
-    float mix[kMaxRows] = {}, squares = 0.f;
-    for (int64_t c = 0; c < spans; ++c) {
-      const float* part = partial.data() + c * stride;
-      for (int64_t m = 0; m < p.rows; ++m) mix[m] += part[r * kMaxRows + m];
-      squares += part[tb * kMaxRows + r];
-    }
-    finish_token(p, r, mix, squares, static_cast<float>(proj_streams * p.H), stream_row);
-  }
-}
-
-// The pre of every token: `produce(t, h0, h1)` makes token t's projected rows ready over hidden
-// range [h0, h1) and returns their sum of squares. Blocks of tokens run in parallel; below
-// kSplitHiddenTokens tokens the hidden dimension is split instead.
-template <typename Produce, typename ProjRow, typename StreamRow>
-void pre_tokens(const PreParams& p, int64_t proj_streams, Produce&& produce, ProjRow&& proj_row,
+void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&& proj_row,
                 StreamRow&& stream_row) {
+  const LeafLayout L(p);
   if (p.T <= kSplitHiddenTokens) {
-    pre_split_hidden(p, proj_streams, produce, proj_row, stream_row);
+    const int tb = static_cast<int>(p.T);
+    std::vector<float> leaves(tb * L.token_stride);
+    const int64_t groups = (L.spans + kSplitSpans - 1) / kSplitSpans;
+    // Waking the other threads costs more than a small projection (hc_head's 4 rows at T = 1).
+    const bool small = p.T * p.rows * streams * p.H < kParallelMacs;
+    at::parallel_for(0, groups, small ? groups : 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        compute_leaves(p, L, streams, 0, tb, g * kSplitSpans,
+                       std::min(L.spans, (g + 1) * kSplitSpans), leaves.data(), produce, proj_row);
+      }
+    });
+    finish_tokens(p, L, streams, 0, tb, leaves.data(), stream_row);
     return;
   }
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t tb = std::clamp<int64_t>((p.T + threads - 1) / threads, 1, kTokenBlock);
   const int64_t blocks = (p.T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> leaves(tb * L.token_stride);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t t0 = b * tb;
       const int n = static_cast<int>(std::min<int64_t>(tb, p.T - t0));
-      float squares[kTokenBlock];
-      for (int r = 0; r < n; ++r) squares[r] = produce(t0 + r, 0, p.H);
-      pre_block(p, t0, n, proj_streams, squares, proj_row, stream_row);
+      compute_leaves(p, L, streams, t0, n, 0, L.spans, leaves.data(), produce, proj_row);
+      finish_tokens(p, L, streams, t0, n, leaves.data(), stream_row);
     }
   });
 }
 
-// mhc_pre and hc_head: project and collapse the input stream itself.
+// mhc_pre and hc_head (rows = n, no post/comb): project and collapse the input stream itself.
 void pre_from_stream(const BFloat16* residual, const PreParams& p) {
   auto row = [&](int64_t t, int64_t i) { return residual + (t * p.n + i) * p.H; };
-  auto squares = [&](int64_t t, int64_t h0, int64_t h1) {
-    float sum = 0.f;
-    for (int64_t i = 0; i < p.n; ++i) sum += row_squares(row(t, i) + h0, h1 - h0);
-    return sum;
-  };
-  pre_tokens(p, p.n, squares, row, row);
+  pre_tokens(p, p.n, [](int64_t, int64_t, int64_t) {}, row, row);
 }
+
+void mhc_pre(const BFloat16* residual, const PreParams& p) { pre_from_stream(residual, p); }
+
+void hc_head(const BFloat16* residual, const PreParams& p) { pre_from_stream(residual, p); }
 
 void mhc_post_pre(const PostParams& q, const PreParams& p) {
   dispatch_hc_mult(p.n, [&](auto n_const) {
     constexpr int N = decltype(n_const)::value;
     auto out_row = [&](int64_t t, int64_t i) { return q.residual_out + (t * N + i) * p.H; };
     auto post = [&](int64_t t, int64_t h0, int64_t h1) {
-      return post_span<N, true>(q.x + t * p.H, q.residual + t * N * p.H, p.H, q.post + t * N,
-                                q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h1);
+      post_span<N>(post_x(q, t, h0, h1), q.residual + t * N * p.H, p.H, q.post + t * N,
+                   q.comb + t * N * N, q.residual_out + t * N * p.H, h0, h1);
     };
     pre_tokens(p, N, post, out_row, out_row);
   });
@@ -440,14 +548,17 @@ void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParam
   auto broadcast = [&](int64_t t, int64_t h0, int64_t h1) {
     for (int64_t i = 0; i < p.n; ++i)
       std::copy(x_row(t, i) + h0, x_row(t, i) + h1, residual_out + (t * p.n + i) * p.H + h0);
-    return row_squares(x_row(t, 0) + h0, h1 - h0);
   };
   pre_tokens(p, 1, broadcast, x_row, x_row);
 }
 
 const KernelTable table{
-    "cpu-" C10_STRINGIZE(CPU_CAPABILITY), mhc_post, pre_from_stream, mhc_post_pre, mhc_pre_broadcast,
-    pre_from_stream,
+    .name = "cpu-" C10_STRINGIZE(CPU_CAPABILITY),
+    .mhc_post = mhc_post,
+    .mhc_pre = mhc_pre,
+    .mhc_post_pre = mhc_post_pre,
+    .mhc_pre_broadcast = mhc_pre_broadcast,
+    .hc_head = hc_head,
 };
 
 }  // namespace CPU_CAPABILITY

@@ -38,9 +38,17 @@ void mhc_post(const PostParams& p) {
 
 }  // namespace cuda
 
+// Named after the architectures the build compiled (e.g. "cuda-9.0a,10.0a"): the kernels need
+// sm_80+ (bf16 mma.sync) and are tuned on Hopper.
 const KernelTable& cuda_kernels() {
-  static const KernelTable table{"cuda-sm90",       cuda::mhc_post,          cuda::mhc_pre,
-                                 cuda::mhc_post_pre, cuda::mhc_pre_broadcast, cuda::hc_head};
+  static const KernelTable table{
+      .name = "cuda-" MHC_SP_CUDA_ARCH_LIST,
+      .mhc_post = cuda::mhc_post,
+      .mhc_pre = cuda::mhc_pre,
+      .mhc_post_pre = cuda::mhc_post_pre,
+      .mhc_pre_broadcast = cuda::mhc_pre_broadcast,
+      .hc_head = cuda::hc_head,
+  };
   return table;
 }
 

@@ -39,6 +39,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int64_t device) : comm_(comm), device_(device) {}
   ~NcclCommunicator() override { ncclCommDestroy(comm_); }
 
+  const char* transport() const override { return "nccl"; }
+
   void all_gather(Tensor& out, const Tensor& in) override {
     MHC_SP_NCCL_CHECK(ncclAllGather(in.const_data_ptr(), out.data_ptr(), in.numel(), nccl_dtype(in),
                                     comm_, stream()));
@@ -82,7 +84,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
 }
 
 void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
-  attach_cuda_communicator(name, device, make_nccl_communicator(name, unique_id, device));
+  attach_communicator(name, c10::DeviceType::CUDA, device,
+                      make_nccl_communicator(name, unique_id, device));
 }
 
 }  // namespace mhc_sp

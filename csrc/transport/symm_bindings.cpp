@@ -282,8 +282,9 @@ void bind(py::module_& m) {
             py::gil_scoped_release no_gil;  // blocks until every rank joins
             fallback = make_nccl_communicator(name, id, device);
           }
-          attach_cuda_communicator(
-              name, device, std::make_unique<SymmCommunicator>(name, std::move(ws), std::move(fallback)));
+          attach_communicator(
+              name, c10::DeviceType::CUDA, device,
+              std::make_unique<SymmCommunicator>(name, std::move(ws), std::move(fallback)));
         },
         py::arg("name"), py::arg("unique_id"), py::arg("device"), py::arg("buffer"),
         py::arg("peer_ptrs"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"),

@@ -1,18 +1,32 @@
 """Process groups for mhc_sp's collective and fused ops.
 
 The ops take a group *name* (``pg.group_name``; ``"0"`` is WORLD). A group must be registered
-with :func:`init` on every rank before ops use it:
+with :func:`init` on every rank before ops use it. ``init`` fixes the group's **transport** for
+the device it names; the op schemas never change with it:
 
-* CPU tensors use the group's own gloo backend (a group created with backend ``"gloo"`` or
-  ``"cpu:gloo,cuda:nccl"``).
-* CUDA tensors use an NCCL communicator that ``init`` creates for the group (rank 0 makes the
-  unique id, the group broadcasts it, every rank joins on its current CUDA device). Collectives
-  are enqueued on the current CUDA stream.
-* A world of one needs no communicator: ``init()`` without torch.distributed registers ``"0"``
-  as a single-rank group, so single-GPU engines call the same ops.
+* CPU tensors: ``"shm"``, a shared-memory workspace for ranks on one host, on which
+  ``fused_layer``/``fused_entry``/``fused_head`` run as one pass (every rank sums the partial
+  rows of its tokens straight from its peers' memory inside the mHC post+pre, in fp32 in rank
+  order); or ``"gloo"``, the group's own gloo backend (a group created with backend ``"gloo"`` or
+  ``"cpu:gloo,cuda:nccl"``), which also crosses hosts. ``"auto"`` picks shm when every rank of
+  the group runs on this host (same kernel boot, IPC and PID namespaces), gloo otherwise.
+* CUDA tensors: ``"nccl"``, an NCCL communicator that ``init`` creates for the group (rank 0
+  makes the unique id, the group broadcasts it, every rank joins on its current CUDA device).
+  Collectives are enqueued on the current CUDA stream. ``"auto"`` picks it.
+* A world of one needs no transport (``transport()`` reports ``"local"``): ``init()`` without
+  torch.distributed registers ``"0"`` as a single-rank group, so single-device engines call the
+  same ops.
+
+A peer that dies or stalls makes the shm ops raise within the group's timeout (the process
+group's own, unless ``init(timeout=...)`` sets one), naming the rank; the workspace is then
+broken and later calls raise at once until ``init`` is called again on every rank.
 """
 
 from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,6 +38,9 @@ GroupLike = ProcessGroup | str | None
 
 #: Group name used for WORLD (and for the single-rank group registered without torch.distributed).
 WORLD = "0"
+
+#: Transports ``init`` accepts per device type ("auto" first).
+TRANSPORTS = {"cpu": ("auto", "shm", "gloo"), "cuda": ("auto", "nccl")}
 
 
 def group_name(group: GroupLike) -> str:
@@ -39,13 +56,116 @@ def group_name(group: GroupLike) -> str:
     return group.group_name
 
 
-def init(group: GroupLike = None, device: torch.device | str | None = None) -> str:
+def _device_type(device) -> str:
+    """'cpu' or 'cuda' for init's/transport()'s ``device`` (None: cuda when available)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device: expected a str, a torch.device or None, got "
+                        f"{type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'cpu' or 'cuda' (optionally with an index), got "
+                         f"{device!r}") from None
+    if dev.type not in TRANSPORTS:
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {str(dev)!r}")
+    return dev.type
+
+
+def _check_transport(transport, device_type: str) -> str:
+    if not isinstance(transport, str):
+        raise TypeError(f"transport: expected a str, got {type(transport).__name__}")
+    allowed = TRANSPORTS[device_type]
+    if transport not in allowed:
+        known = sorted({t for ts in TRANSPORTS.values() for t in ts})
+        if transport in known:
+            raise ValueError(f"transport: {transport!r} does not serve {device_type} tensors; for "
+                             f"device {device_type!r} use one of {', '.join(map(repr, allowed))}")
+        raise ValueError(f"transport: expected one of {', '.join(map(repr, allowed))} for device "
+                         f"{device_type!r}, got {transport!r}")
+    return transport
+
+
+def _check_timeout(timeout) -> float | None:
+    """``timeout`` (seconds or a timedelta) in seconds, or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout: expected seconds or a timedelta, got {type(timeout).__name__}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"timeout: expected a positive, finite duration, got {timeout!r}")
+    return seconds
+
+
+def _timeout_seconds(pg: ProcessGroup, timeout: float | None) -> float:
+    """``timeout`` or else the process group's own timeout."""
+    if timeout is not None:
+        return timeout
+    try:
+        return pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # no CPU backend, or a torch without these attributes
+        return dist.default_pg_timeout.total_seconds()
+
+
+def _host_identity() -> tuple:
+    """Ranks with equal identities share this kernel's memory, IPC and PID namespaces: they can
+    map one POSIX shared-memory segment and see each other's process ids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        ns = tuple(os.stat(f"/proc/self/ns/{k}").st_ino for k in ("ipc", "pid", "mnt"))
+    except OSError:  # not Linux: never assume a shared host
+        return (socket.gethostname(), os.getpid())
+    return (socket.gethostname(), boot, ns)
+
+
+def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str, timeout) -> None:
+    hosts = [None] * world
+    dist.all_gather_object(hosts, _host_identity(), group=pg)
+    elsewhere = [r for r, h in enumerate(hosts) if h != hosts[0]]
+    if transport == "shm" and elsewhere:
+        raise ValueError(f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
+                         f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')")
+    if transport == "gloo" or (transport == "auto" and elsewhere):
+        _C.init_gloo_transport(name)
+        return
+    seconds = _timeout_seconds(pg, timeout)
+    segment = [_C.new_shm_segment_name() if rank == 0 else None]
+    dist.broadcast_object_list(segment, group=pg, group_src=0)
+    _C.init_shm_transport(name, segment[0], seconds)
+
+
+def _init_cuda(pg: ProcessGroup, name: str, rank: int, device) -> None:
+    if not hasattr(_C, "init_nccl_communicator"):
+        raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL "
+                         "communicator")
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    uid = [_C.nccl_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(uid, group=pg, group_src=0)
+    dist.barrier(group=pg)  # every rank is here: the blocking NCCL init cannot wait forever
+    _C.init_nccl_communicator(name, uid[0], index)
+
+
+def init(group: GroupLike = None, device: torch.device | str | None = None, transport: str = "auto",
+         timeout: float | timedelta | None = None) -> str:
     """Register ``group`` (None = WORLD) with mhc_sp on this rank; collective over the group.
 
-    ``device``: where the ops will run. ``"cuda"`` (default when CUDA is available) also creates
-    the group's NCCL communicator on the current CUDA device (or the given index). Returns the
-    group's name, for the ops' ``group`` argument.
+    ``device``: where the ops will run, ``"cpu"`` or ``"cuda"`` (default: cuda when available).
+    ``transport``: for cpu ``"auto"`` (shm when every rank is on this host, else gloo), ``"shm"``
+    or ``"gloo"``; for cuda ``"auto"`` or ``"nccl"``. ``timeout``: seconds (or a timedelta) an
+    shm op waits for a peer; default: the process group's timeout. Calling ``init`` again (on
+    every rank) replaces the group's transport for that device. Returns the group's name, for
+    the ops' ``group`` argument.
     """
+    device_type = _device_type(device)
+    transport = _check_transport(transport, device_type)
+    timeout = _check_timeout(timeout)
     if not dist.is_initialized():
         if group not in (None, WORLD):
             raise ValueError(f"group: {group!r} given but torch.distributed is not initialised")
@@ -54,24 +174,29 @@ def init(group: GroupLike = None, device: torch.device | str | None = None) -> s
     pg = dist.group.WORLD if group is None else group
     if isinstance(pg, str):
         pg = resolve(pg)
+    if not isinstance(pg, ProcessGroup):
+        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got "
+                        f"{type(pg).__name__}")
     name = pg.group_name
     rank, world = dist.get_rank(pg), pg.size()
     _C.register_group(name, rank, world)
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    if dev.type == "cuda" and world > 1:
-        if not hasattr(_C, "init_nccl_communicator"):
-            raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL communicator")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        uid = [_C.nccl_unique_id() if rank == 0 else None]
-        dist.broadcast_object_list(uid, group=pg, group_src=0)
-        dist.barrier(group=pg)  # every rank is here: the blocking NCCL init cannot wait forever
-        _C.init_nccl_communicator(name, uid[0], index)
+    if world > 1:
+        if device_type == "cuda":
+            _init_cuda(pg, name, rank, device)
+        else:
+            _init_cpu(pg, name, rank, world, transport, timeout)
     return name
 
 
+def transport(group: GroupLike = None, device: torch.device | str | None = None) -> str | None:
+    """The transport ``group`` uses for tensors on ``device`` (default: cuda when available):
+    ``"shm"``, ``"gloo"``, ``"nccl"``, ``"local"`` for a world of one, or None when ``init`` set
+    none up for that device."""
+    return _C.group_transport(group_name(group), _device_type(device)) or None
+
+
 def destroy() -> None:
-    """Free every communicator and forget every group registered with :func:`init`."""
+    """Free every communicator and workspace and forget every group registered with :func:`init`."""
     _C.unregister_all_groups()
 
 

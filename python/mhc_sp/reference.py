@@ -119,6 +119,14 @@ def all_gather(shards: list[torch.Tensor], num_tokens: int = -1) -> torch.Tensor
     return full if num_tokens < 0 else full[:num_tokens]
 
 
+def zero_padding(t: torch.Tensor, rank: int, num_tokens: int) -> torch.Tensor:
+    """rank's shard ``t`` with its rows at or past num_tokens (the stream's padding) set to zero."""
+    valid = max(0, min(t.shape[0], num_tokens - rank * t.shape[0]))
+    out = t.clone()
+    out[valid:] = 0
+    return out
+
+
 def fused_entry(x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded: bool,
                 cfg: MhcConfig = DEFAULT):
     """Per rank: (residual, post, comb, layer_input). x is the replicated embedding output."""
@@ -127,7 +135,8 @@ def fused_entry(x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded:
     outs = [mhc_pre_broadcast(shard_tokens(x, r, world_size), fn, hc_scale, hc_base, norm_weight, cfg)
             for r in range(world_size)]
     layer_input = all_gather([o[3] for o in outs], x.shape[0])
-    return [(*o[:3], layer_input) for o in outs]
+    return [(*(zero_padding(t, r, x.shape[0]) for t in o[:3]), layer_input)
+            for r, o in enumerate(outs)]
 
 
 def _reduce(partials, sharded: bool, num_tokens: int):
@@ -146,7 +155,8 @@ def fused_layer(partials, residuals, posts, combs, fn, hc_scale, hc_base, norm_w
             for x, res, p, c in zip(xs, residuals, posts, combs)]
     if sharded:
         layer_input = all_gather([o[3] for o in outs], num_tokens)
-        return [(*o[:3], layer_input) for o in outs]
+        return [(*(zero_padding(t, r, num_tokens) for t in o[:3]), layer_input)
+                for r, o in enumerate(outs)]
     return [(*o[:3], o[3][:num_tokens]) for o in outs]
 
 
@@ -155,6 +165,8 @@ def fused_head(partials, residuals, posts, combs, head_fn, head_scale, head_base
     """Per rank: (hidden (num_tokens, H), residual_out) - the final post, then hc_head."""
     xs = _reduce(partials, sharded, num_tokens)
     streams = [mhc_post(x, res, p, c) for x, res, p, c in zip(xs, residuals, posts, combs)]
+    if sharded:
+        streams = [zero_padding(s, r, num_tokens) for r, s in enumerate(streams)]
     cfg = DEFAULT.replace(rms_eps=rms_eps, hc_eps=hc_eps)
     hidden = [hc_head(s, head_fn, head_scale, head_base, cfg) for s in streams]
     gathered = all_gather(hidden, num_tokens) if sharded else None

@@ -15,7 +15,8 @@
 // Rules (every rank, every call):
 //  1. Ownership. Rank r writes only its own RankControl and its own slot halves; it reads peers'
 //     slots only between the barriers that publish them (rules 3, 4). The SegmentHeader is
-//     written by its creator before any peer maps it, except `broken` (any rank, rule 6).
+//     written by its creator before any peer maps it, except `broken` (any rank, rule 6) and
+//     `next_name` (rank 0, rule 7).
 //  2. Calls. Every rank makes the same sequence of calls on a workspace. Call number c (0, 1, ...)
 //     uses half c % 2 of every slot. A call writes its CallHeader, then its `in` rows, arrives at
 //     a barrier, and may publish `out` rows before a second barrier. Two halves let a call with a
@@ -24,7 +25,8 @@
 //     i.e. has finished reading this half.
 //  3. Barriers use monotonic epochs. A rank arriving at its e-th barrier of the segment stores e
 //     into its RankControl::arrived with release semantics (after all its stores to its slot),
-//     then waits until every peer's `arrived`, loaded with acquire semantics, is >= e. Epochs
+//     then waits until every peer's `arrived`, loaded with acquire semantics, is >= e (host
+//     waiters that stop spinning sleep on the peer's arrived_low, see RankControl). Epochs
 //     start at 0 in a fresh segment and only grow (64 bits never wrap), so nothing is re-armed
 //     and no stale value can pass for a new one. A peer can be at most one epoch ahead.
 //  4. Headers are checked at each call's first barrier: every rank compares every peer's
@@ -41,9 +43,11 @@
 //     call on a broken workspace fails before touching it.
 //  7. Capacity. A call needs layout_for(header, world).need bytes of its half. When the half is
 //     too small on the CPU transport, every rank (they make the same call, rule 2) takes part in
-//     growing: a header-only barrier (so rule 4 runs first), rank 0 creates a larger segment and
-//     writes its name into next_name, a barrier, the peers map it, a barrier, rank 0 unlinks it;
-//     everyone then continues in the new segment at epoch 0. There is no silent size cap.
+//     growing: the call's header alone is published at a barrier (so rule 4 runs first), rank 0
+//     creates a larger segment and writes its name into next_name, a barrier, the peers map it,
+//     a barrier, rank 0 unlinks it; everyone then rewrites its header in the new segment and
+//     continues there from epoch 0. There is no silent size cap: a segment that cannot be
+//     reserved is an error.
 
 #include <cstdint>
 
@@ -70,7 +74,6 @@ enum class Op : uint32_t {
   kFusedEntry = 4,
   kFusedLayer = 5,
   kFusedHead = 6,
-  kGrow = 7,  // the header-only barrier before growing (rule 7)
 };
 
 enum Flags : uint32_t {
@@ -89,8 +92,10 @@ struct SegmentHeader {
 };
 
 struct alignas(kAlign) RankControl {
-  uint64_t arrived;  // the last barrier epoch this rank reached (rule 3)
-  int64_t pid;       // the rank's process id once it has mapped the segment (CPU liveness)
+  uint64_t arrived;      // the last barrier epoch this rank reached (rule 3)
+  int64_t pid;           // the rank's process id once it has mapped the segment (CPU liveness)
+  uint32_t arrived_low;  // CPU: the low 32 bits of `arrived`, stored after it: a futex word
+  uint32_t sleepers;     // CPU: waiters asleep on arrived_low, woken by this rank's next arrival
 };
 
 struct alignas(kAlign) CallHeader {

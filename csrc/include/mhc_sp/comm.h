@@ -1,27 +1,97 @@
 #pragma once
-// Groups registered with mhc_sp (mhc_sp.distributed.init) and the communicators behind the ops'
-// `str group` argument: the group's own gloo backend for CPU tensors (c10d::resolve_process_group),
-// an NCCL communicator created by mhc_sp for CUDA tensors (csrc/cuda/nccl_comm.cpp).
+// Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
+// `str group` argument. Each registered group has at most one transport per device type, fixed at
+// init: for CPU tensors the group's own gloo backend (csrc/transport/gloo.cpp) or a same-host
+// shared-memory workspace (csrc/transport/shm_*.cpp); for CUDA tensors an NCCL communicator
+// created by mhc_sp (csrc/cuda/nccl_comm.cpp). A world of one needs none ("local").
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+
+#include "mhc_sp/checks.h"
+#include "mhc_sp/scalars.h"
 
 namespace mhc_sp {
 
 using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// Arguments of the fused ops, checked by csrc/sp_ops.cpp before a transport sees them.
+// norm_weight is fp32 and contiguous; `stream` is the shape of this rank's residual stream.
+struct EntryArgs {
+  const Tensor& x;
+  const Tensor& fn;
+  const Tensor& hc_scale;
+  const Tensor& hc_base;
+  const OptTensor& norm_weight;
+  MhcScalars s;
+  StreamShape stream;
+  bool sharded;
+};
+
+struct LayerArgs {
+  const Tensor& partial;
+  const Tensor& residual;
+  const Tensor& post;
+  const Tensor& comb;
+  const Tensor& fn;
+  const Tensor& hc_scale;
+  const Tensor& hc_base;
+  const OptTensor& norm_weight;
+  MhcScalars s;
+  StreamShape stream;
+  bool sharded;
+  int64_t num_tokens;
+};
+
+struct HeadArgs {
+  const Tensor& partial;
+  const Tensor& residual;
+  const Tensor& post;
+  const Tensor& comb;
+  const Tensor& head_fn;
+  const Tensor& head_scale;
+  const Tensor& head_base;
+  double rms_eps;
+  double hc_eps;
+  StreamShape stream;
+  bool sharded;
+  int64_t num_tokens;
+};
+
+using EntryOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual, post, comb, layer_input
+using LayerOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
+using HeadOutputs = std::tuple<Tensor, Tensor>;                   // hidden, residual_out
+
+// A transport that runs a whole boundary (exchange, mHC math, gather) in one pass. Outputs follow
+// DESIGN §2 exactly, padding rows of the stream outputs included (zeros).
+class FusedBoundary {
+ public:
+  virtual ~FusedBoundary() = default;
+  virtual EntryOutputs fused_entry(const EntryArgs& a) = 0;
+  virtual LayerOutputs fused_layer(const LayerArgs& a) = 0;
+  virtual HeadOutputs fused_head(const HeadArgs& a) = 0;
+};
 
 // Out-of-place collectives over dim 0 of contiguous tensors, summing for the reductions.
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  // "gloo", "shm", "nccl": what mhc_sp.distributed.transport() reports.
+  virtual const char* transport() const = 0;
   // out (world * rows, ...) <- concatenation of every rank's in (rows, ...)
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;
   // out (rows, ...) <- sum over ranks of their in[rank * rows : (rank + 1) * rows]
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
   // out <- sum over ranks of in (same shape)
   virtual void all_reduce(Tensor& out, const Tensor& in) = 0;
+  // The one-pass boundary, when the transport has one (else the ops compose the collectives).
+  virtual FusedBoundary* fused() { return nullptr; }
 };
 
 // A registered group as seen by one op call: `comm` serves the call's device (null when world == 1).
@@ -31,18 +101,31 @@ struct GroupHandle {
   Communicator* comm;
 };
 
-// Registers `name` (rank, world) and, when world > 1, its gloo/CPU backend. Idempotent.
+// Registers `name` (rank, world) and, when world > 1 and the group has a CPU backend, gloo as its
+// CPU transport. Idempotent: registering again with the same rank and world keeps the transports.
 void register_group(const std::string& name, int64_t rank, int64_t world);
-// Attaches a communicator for CUDA tensors on `device` (called by the NCCL setup).
-void attach_cuda_communicator(const std::string& name, int64_t device,
-                              std::unique_ptr<Communicator> comm);
+// Makes `comm` the group's transport for tensors of `device_type` (CUDA: on `device_index`).
+void attach_communicator(const std::string& name, c10::DeviceType device_type, int64_t device_index,
+                         std::unique_ptr<Communicator> comm);
 void unregister_all_groups();
 // Rank and world of a registered group (comm left null).
 GroupHandle registered_group(const std::string& name);
+// The transport serving `device_type` tensors: "local" for a world of one, "" when there is none.
+std::string group_transport(const std::string& name, c10::DeviceType device_type);
 
 // The group `name` for a collective on tensor `t` (named `arg` in errors). ValueError when the
-// group is unknown to mhc_sp or has no communicator for t's device.
+// group is unknown to mhc_sp or has no transport for t's device.
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg);
+
+// CPU transports (csrc/transport/). Each is collective over the group: every rank calls it.
+std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name);
+// A fresh unguessable POSIX shared-memory name (rank 0 makes it, the group broadcasts it).
+std::string new_shm_segment_name();
+// Rank 0 creates `segment`, the others map it, rank 0 unlinks it once all have. Waits on peers
+// are bounded by `timeout`.
+std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
+                                                    const std::string& segment,
+                                                    std::chrono::milliseconds timeout);
 
 #if defined(MHC_SP_WITH_CUDA)
 // NCCL setup (csrc/cuda/nccl_comm.cpp): rank 0 makes the id, the group broadcasts it, every rank

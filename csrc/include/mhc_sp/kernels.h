@@ -1,7 +1,12 @@
 #pragma once
-// Kernel entry points of one backend: raw pointers, no checks. The ops (csrc/mhc_ops.cpp) validate,
-// allocate, and call the table of the tensors' device: cpu_kernels() (csrc/cpu, compiled once per
-// instruction set, best one picked at run time) or cuda_kernels() (csrc/cuda, current stream).
+// Every kernel entry point of the mHC math ops, by backend. The ops (csrc/mhc_ops.cpp) validate,
+// allocate, and call the KernelTable of the tensors' device: raw pointers, no checks.
+//   CPU   csrc/cpu/mhc_kernels.cpp, compiled once per instruction set into mhc_sp::cpu::<ISA>
+//         (functions named as the table's fields, and that ISA's `table`); csrc/cpu/dispatch.cpp
+//         picks the best one the processor supports.
+//   CUDA  csrc/cuda/<op>.cu, the functions declared in mhc_sp::cuda below (current stream).
+// Numerics every kernel keeps (DESIGN §3b): a token's outputs are bitwise independent of the
+// number of tokens in the call and of the thread count or grid.
 
 #include <c10/util/BFloat16.h>
 
@@ -21,6 +26,12 @@ struct PostParams {
   const float* post;         // (T, n)
   const float* comb;         // (T, n, n)
   BFloat16* residual_out;    // (T, n, H)
+  // CPU kernels only: when x_parts_count > 0, x is unused and row t of x is the fp32 sum of
+  // x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
+  // boundary's reduction into the post: the parts are the ranks' partial rows in shared memory,
+  // and the reduced x is never materialised.
+  const BFloat16* const* x_parts = nullptr;  // x_parts_count pointers to (T, H) rows
+  int64_t x_parts_count = 0;
 };
 
 // The projection + coefficients + collapse shared by mhc_pre, mhc_post_pre,
@@ -39,17 +50,40 @@ struct PreParams {
 };
 
 struct KernelTable {
-  const char* name;  // backend / instruction set, reported by build_info()
+  const char* name;  // backend and instruction set / architectures, reported by build_info()
+  // mhc_post: residual_out = post * x + comb^T residual.
   void (*mhc_post)(const PostParams&);
+  // mhc_pre: post, comb and layer_input of the stream `residual` (T, n, H).
   void (*mhc_pre)(const BFloat16* residual, const PreParams&);
+  // mhc_post_pre: the post, then the pre of its output, in one pass.
   void (*mhc_post_pre)(const PostParams&, const PreParams&);
+  // mhc_pre_broadcast: x (T, H) copied into n streams (residual_out), then the pre; fn pre-summed.
   void (*mhc_pre_broadcast)(const BFloat16* x, BFloat16* residual_out, const PreParams&);
+  // hc_head: the final collapse (PreParams with rows = n, no post/comb, no norm).
   void (*hc_head)(const BFloat16* residual, const PreParams&);
 };
 
 const KernelTable& cpu_kernels();
+
+namespace cpu {
+namespace DEFAULT {
+extern const KernelTable table;
+}
+namespace AVX2 {
+extern const KernelTable table;  // defined only where the build compiles the AVX2 instance
+}
+}  // namespace cpu
+
 #if defined(MHC_SP_WITH_CUDA)
 const KernelTable& cuda_kernels();
+
+namespace cuda {
+void mhc_post(const PostParams& p);                                                 // mhc_kernels.cu
+void mhc_pre(const BFloat16* residual, const PreParams& p);                         // mhc_pre.cu
+void mhc_post_pre(const PostParams& q, const PreParams& p);                         // mhc_post_pre.cu
+void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);  // mhc_pre_broadcast.cu
+void hc_head(const BFloat16* residual, const PreParams& p);                         // hc_head.cu
+}  // namespace cuda
 #endif
 
 }  // namespace mhc_sp

@@ -49,12 +49,14 @@ def size_list(text: str) -> list[int]:
     return [parse(v) for v in text.split(",") if v.strip()]
 
 
-def _worker(rank, world, sizes, dtype_name, warmup, repeats, device_type, profile=None, trace=None):
+def _worker(rank, world, sizes, dtype_name, warmup, repeats, device_type, transport, profile=None,
+            trace=None):
     import mhc_sp.distributed as msd
     from mhc_sp import ops
 
     device = rank_device(device_type)
-    group = msd.init(device=device_type)
+    group = msd.init(device=device_type, transport=transport)
+    used = msd.transport(group, device_type)
     dtype = DTYPES[dtype_name]
     item = torch.empty((), dtype=dtype).element_size()
     out = []
@@ -69,7 +71,7 @@ def _worker(rank, world, sizes, dtype_name, warmup, repeats, device_type, profil
             }
             for op, fn in calls.items():
                 with phase(f"{op} {rows * item}B"):
-                    out.append({"op": op, "size": rows * item, "count": rows,
+                    out.append({"op": op, "size": rows * item, "count": rows, "transport": used,
                                 "median": time_across_ranks(fn, device, warmup, repeats)})
     return out
 
@@ -81,6 +83,8 @@ def register(subparsers) -> None:
     p.add_argument("--sizes", type=size_list, default=size_list("4K:16M"),
                    help="bytes: 'MIN:MAX' doubling, or a comma list (K/M/G suffixes)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--transport", default="auto",
+                   help="cpu: auto (shm on one host), shm, gloo; cuda: auto, nccl")
     add_common_args(p)
     p.set_defaults(func=run)
 
@@ -89,20 +93,28 @@ def run(args) -> int:
     device = torch.device(args.device)
     if min(args.tp) < 1:
         report.usage_error("comm", f"--tp: world sizes must be >= 1, got {args.tp}")
+    from ..distributed import TRANSPORTS
+
+    if args.transport not in TRANSPORTS.get(device.type, ()):
+        allowed = ", ".join(TRANSPORTS.get(device.type, ()))
+        report.usage_error("comm", f"--transport: expected one of {allowed} for device "
+                                   f"{device.type}, got {args.transport!r}")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     rows = []
     for world in args.tp:
         per_rank = run_world(world, _worker, args.sizes, args.dtype, args.warmup, args.repeats,
-                             device.type, args.profile, args.trace, backend=backend, threads=1,
-                             timeout=600)
+                             device.type, args.transport, args.profile, args.trace, backend=backend,
+                             threads=1, timeout=600)
         for rec in per_rank[0]:
             t = max(r["median"] for rank in per_rank for r in rank
                     if r["op"] == rec["op"] and r["size"] == rec["size"])
             algbw = rec["size"] / t / 1e9
-            rows.append({"tp": world, "op": rec["op"], "size": rec["size"], "count": rec["count"],
-                         "type": args.dtype, "time_us": t * 1e6, "algbw_GB/s": algbw,
+            rows.append({"tp": world, "transport": rec["transport"], "op": rec["op"],
+                         "size": rec["size"], "count": rec["count"], "type": args.dtype,
+                         "time_us": t * 1e6, "algbw_GB/s": algbw,
                          "busbw_GB/s": algbw * bus_factor(rec["op"], world)})
-    columns = ["tp", "op", "size", "count", "type", "time_us", "algbw_GB/s", "busbw_GB/s"]
+    columns = ["tp", "transport", "op", "size", "count", "type", "time_us", "algbw_GB/s",
+               "busbw_GB/s"]
 
     def plot(ax, rows):
         for world in args.tp:

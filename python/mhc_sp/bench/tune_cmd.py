@@ -20,7 +20,6 @@ when it lies outside the sweep.
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import statistics
 import sys
@@ -116,36 +115,15 @@ def verdict(rows: list[dict], threshold: Optional[int], tp: int, max_capture: in
 
 # ---- measuring ------------------------------------------------------------------------------
 
-def _transports_selectable() -> bool:
-    """Whether ``mhc_sp.distributed.init`` lets the caller choose a transport."""
-    import mhc_sp.distributed as msd
-
-    return "transport" in inspect.signature(msd.init).parameters
-
-
-def _init_group(device_type: str, transport: Optional[str]) -> str:
-    import mhc_sp.distributed as msd
-
-    if transport is None:
-        return msd.init(device=device_type)
-    return msd.init(device=device_type, transport=transport)
-
-
-def _transport_name(group: str, device_type: str) -> str:
-    import mhc_sp.distributed as msd
-
-    if hasattr(msd, "transport"):
-        return msd.transport(group, device_type) or "none"
-    return "nccl" if device_type == "cuda" else "gloo"
-
-
 def _measure(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: int,
              repeats: int, device_type: str, transport: Optional[str]) -> dict:
     """This rank's median seconds per way and token count. The two ways alternate in short
     bursts (and swap order every round) so that drift of a shared machine hits both alike."""
     device = rank_device(device_type)
-    group = _init_group(device_type, transport)
-    used = _transport_name(group, device_type)
+    import mhc_sp.distributed as msd
+
+    group = msd.init(device=device_type, transport=transport or "auto")
+    used = msd.transport(group, device_type)
     rounds = max(1, min(4, repeats))
     per_round = -(-repeats // rounds)
     rows = []
@@ -162,7 +140,7 @@ def _measure(rank: int, world: int, tokens: list[int], H: int, n: int, warmup: i
         row = {"tokens": T, **{name: statistics.median(s) for name, s in samples.items()}}
         rows.append(row)
         if rank == 0:
-            print(f"tune: measured {T} tokens ({k}/{len(tokens)}): with SP "
+            print(f"tune: measured {T} tokens ({k}/{len(tokens)}), rank 0: with SP "
                   f"{1e3 * row['sharded']:.3g} ms, without {1e3 * row['replicated']:.3g} ms",
                   file=sys.stderr, flush=True)
     return {"transport": used, "rows": rows}
@@ -206,11 +184,8 @@ def run(args) -> int:
     if args.transport is not None:
         import mhc_sp.distributed as msd
 
-        if not _transports_selectable():
-            report.usage_error("tune", f"--transport: this build has one transport per device, "
-                                       f"got {args.transport!r}")
-        allowed = getattr(msd, "TRANSPORTS", {}).get(device.type)
-        if allowed is not None and args.transport not in allowed:
+        allowed = msd.TRANSPORTS[device.type]
+        if args.transport not in allowed:
             report.usage_error("tune", f"--transport: expected one of {', '.join(allowed)} on "
                                        f"{device.type}, got {args.transport!r}")
     if args.warmup < 0 or args.repeats < 1:

@@ -1,6 +1,7 @@
 #pragma once
 // Device helpers shared by the mHC CUDA kernels: raw bf16 packs (16-byte vectors or single
-// values), round-to-nearest-even conversion, a block-wide sum and the bf16 tensor-core MMA.
+// values), round-to-nearest-even conversion, a block-wide sum, the bf16 tensor-core MMA and the
+// pairwise tree that fixes the projection's summation order.
 // bf16 data is handled as raw uint16_t bits: c10::BFloat16 and __nv_bfloat16 are both plain
 // 2-byte values, so the launchers reinterpret the pointers.
 
@@ -86,34 +87,75 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
-// D += A (16x16, row-major bf16) * B (16x8, column-major bf16), fp32 accumulate.
+// D = A (16x16, row-major bf16) * B (16x8, column-major bf16), fp32, from a zero accumulator.
 // Fragment layout (PTX ISA, mma.m16n8k16 .bf16), with g = lane / 4 and c = lane % 4:
 //   a[0] = A[g][2c..2c+1]   a[1] = A[g+8][2c..2c+1]   a[2] = A[g][2c+8..]   a[3] = A[g+8][2c+8..]
 //   b[0] = B[2c..2c+1][g]   b[1] = B[2c+8..2c+9][g]
 //   d[0..1] = D[g][2c..2c+1]   d[2..3] = D[g+8][2c..2c+1]
-// Each 32-bit register holds two bf16, the lower k (or column) index in the low half.
+// Each 32-bit register holds two bf16, the lower k (or column) index in the low half. Each output
+// is one 16-product dot product of its own row and column: other rows never change it.
 __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                                   uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 #else
-  __trap();  // this project builds for sm_90a; bf16 mma needs sm_80+
+  __trap();  // this project builds for sm_90a / sm_100a; bf16 mma needs sm_80+
 #endif
 }
 
-// Two fp32 values as a bf16x2 pair hi (RNE) plus the bf16x2 of what hi misses (lo): hi + lo
-// carries ~16 significant bits, so bf16 x (hi + lo) with fp32 accumulation keeps the fp32
-// projection accurate to ~2^-17 relative per term (X is bf16 already, exact in the MMA).
-__device__ __forceinline__ void split_bf16x2(float v0, float v1, uint32_t& hi, uint32_t& lo) {
-  const uint16_t h0 = float_to_bf16_bits(v0), h1 = float_to_bf16_bits(v1);
-  const uint16_t l0 = float_to_bf16_bits(v0 - bf16_bits_to_float(h0));
-  const uint16_t l1 = float_to_bf16_bits(v1 - bf16_bits_to_float(h1));
-  hi = uint32_t(h0) | (uint32_t(h1) << 16);
-  lo = uint32_t(l0) | (uint32_t(l1) << 16);
+// Two fp32 values as three bf16x2 pairs hi + mid + lo (each RNE of what the previous ones miss):
+// together they carry the whole 24-bit significand, so bf16 x (hi + mid + lo) with products exact
+// in fp32 is the fp32 product to within ~2^-24 relative (X is bf16 already, exact in the MMA).
+__device__ __forceinline__ void split_bf16x3(float v0, float v1, uint32_t& hi, uint32_t& mid,
+                                             uint32_t& lo) {
+  uint32_t parts[3];
+  float r0 = v0, r1 = v1;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const uint16_t h0 = float_to_bf16_bits(r0), h1 = float_to_bf16_bits(r1);
+    parts[k] = uint32_t(h0) | (uint32_t(h1) << 16);
+    r0 -= bf16_bits_to_float(h0);
+    r1 -= bf16_bits_to_float(h1);
+  }
+  hi = parts[0];
+  mid = parts[1];
+  lo = parts[2];
 }
+
+// Pairwise sums of W-wide leaves in one tree fixed by the leaf count alone: leaf j is pushed j-th;
+// after the k-th push the two top nodes merge once for every trailing zero bit of k, so node
+// (level L, j) always holds leaves [j * 2^L, (j + 1) * 2^L). total() adds what is left from the
+// top (the rightmost, smallest node) down. Pushing the leaves of aligned power-of-two groups and
+// then the groups' totals gives bitwise the same sum as pushing every leaf: the projection's
+// blocks and its finish split the work however they like and still add in one order.
+template <int W, int kDepth>
+struct LeafTree {
+  float node[kDepth][W];
+  int depth = 0, pushed = 0;
+
+  __device__ __forceinline__ void push(const float (&leaf)[W]) {
+#pragma unroll
+    for (int w = 0; w < W; ++w) node[depth][w] = leaf[w];
+    ++depth;
+    for (int k = ++pushed; (k & 1) == 0; k >>= 1) {
+      --depth;
+#pragma unroll
+      for (int w = 0; w < W; ++w) node[depth - 1][w] += node[depth][w];
+    }
+  }
+
+  __device__ __forceinline__ void total(float (&out)[W]) const {
+#pragma unroll
+    for (int w = 0; w < W; ++w) out[w] = node[depth - 1][w];
+    for (int d = depth - 2; d >= 0; --d) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) out[w] = node[d][w] + out[w];
+    }
+  }
+};
 
 }  // namespace mhc_sp::cuda

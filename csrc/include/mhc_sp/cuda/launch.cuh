@@ -51,10 +51,15 @@ PrePlan plan_pre(int64_t T, int64_t H, int sms) {
   PrePlan p{};
   p.tiles = (T + kTileTokens - 1) / kTileTokens;
   const int64_t chunks = (H + S::HC - 1) / S::HC;
-  // Split H until there are about two blocks per SM; never more splits than chunks.
-  p.splits = std::clamp<int64_t>((2 * int64_t(sms) + p.tiles - 1) / p.tiles, 1, chunks);
-  p.per_split = (chunks + p.splits - 1) / p.splits;
-  p.splits = (chunks + p.per_split - 1) / p.per_split;  // no empty split
+  // Split H until there are about two blocks per SM; never more splits than chunks. A block takes
+  // a power-of-two group of chunks (a subtree of the projection's summation tree, see LeafTree):
+  // how many only decides who adds what, never the order, so it may follow T and the GPU.
+  const int64_t wanted = std::clamp<int64_t>((2 * int64_t(sms) + p.tiles - 1) / p.tiles, 1, chunks);
+  p.per_split = 1;
+  while (p.per_split * wanted < chunks && p.per_split < (int64_t{1} << (kBlockLevels - 1))) {
+    p.per_split *= 2;
+  }
+  p.splits = (chunks + p.per_split - 1) / p.per_split;
   p.items = p.tiles * p.splits;
   TORCH_CHECK(p.items <= INT_MAX, "mhc_sp: ", T, " tokens need more blocks than a grid holds");
   p.fused = T <= kFusedMaxTokens;
@@ -114,12 +119,5 @@ inline PreArgs pre_args(const PreParams& p) {
   return a;
 }
 
-
-// The entry points of the kernel table, one translation unit each (csrc/cuda/*.cu).
-void mhc_post(const PostParams& p);
-void mhc_pre(const BFloat16* residual, const PreParams& p);
-void mhc_post_pre(const PostParams& q, const PreParams& p);
-void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);
-void hc_head(const BFloat16* residual, const PreParams& p);
 
 }  // namespace mhc_sp::cuda

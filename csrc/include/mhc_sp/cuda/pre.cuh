@@ -9,15 +9,22 @@
 // shared memory (for mhc_post_pre computing the post on the way, which writes residual_out
 // exactly once), multiplies them on the tensor cores and also sums their squares. K is split
 // over blocks (split-K along H) so that small T still fills the GPU; each block writes its
-// partial sums to a workspace. finish_group then adds the partials in a fixed order
-// (deterministic, so CUDA-graph replays are bitwise equal to eager), computes the coefficients
+// partial sums to a workspace. finish_group then adds the partials, computes the coefficients
 // (Sinkhorn in registers, mhc_sp/coefficients.h) and collapses the token's streams into the
 // bf16 layer input with the fused RMSNorm.
 //
-// Precision. mma.sync m16n8k16 with bf16 inputs and fp32 accumulation. X is bf16 (exact); fn is
-// fp32, so it is split into bf16 hi + lo (split_bf16x2) and X is multiplied by both: the products
-// are exact in fp32 and hi + lo keeps ~16 bits of fn, i.e. the result is fp32-accurate to
-// ~2^-17 per term. TF32 alone (10-bit fn) would miss the 1e-4 coefficient tolerance.
+// Summation order (batch invariance, DESIGN §3b). A token's mix and sum of squares are added in
+// one order fixed by H alone: per HC-wide chunk (a leaf), the tensor-core dot products of 16
+// values each, added in IEEE fp32 k-step by k-step; the leaves then pairwise (LeafTree). A block
+// covers an aligned power-of-two group of chunks, a subtree of that tree, and the finish adds the
+// blocks' subtrees in the same tree: so neither the token count, nor the split, nor the grid
+// changes a bit of any token's outputs (nor do CUDA-graph replays). The collapse's norm is summed
+// by kProjThreads threads in every launch, over the same positions whatever the vector width.
+//
+// Precision. mma.sync m16n8k16 with bf16 inputs. X is bf16 (exact); fn is fp32, so it is split
+// into bf16 hi + mid + lo (split_bf16x3) and X is multiplied by each: the products are the fp32
+// products to ~2^-24. Every MMA starts from zero, so the tensor cores' own accumulation (not
+// IEEE-rounded) never spans more than one 16-value dot product.
 //
 // Launches. T <= kFusedMaxTokens (decode): one launch; the last projection block to finish
 // (atomic counter, zeroed by a memset before the launch and reset by that block) runs the finish
@@ -35,7 +42,9 @@ constexpr int kTileTokens = 64;     // tokens per projection block: 4 warps x m1
 constexpr int kProjThreads = 128;   // 4 warps
 constexpr int kFusedMaxTokens = 16; // up to here post + pre run as a single launch
 constexpr int kFinishTokens = 4;    // tokens per finish-kernel block iteration
-constexpr int kFinishThreads = 256;
+constexpr int kFinishThreads = kProjThreads;  // the collapse sums its norm over this many threads
+constexpr int kBlockLevels = 12;    // a block adds at most 2^(kBlockLevels - 1) chunks
+constexpr int kSplitLevels = 32;    // the finish adds any number of blocks' partials
 
 template <int N, Mode MODE>
 struct PreShape {
@@ -75,7 +84,7 @@ struct PreArgs {
   float* ws;                   // partials: (tiles * splits, kTileTokens, MP1)
   int* counters;               // fused launch only: one per tile
   int splits;                  // blocks per token tile along H
-  int chunks_per_split;        // HC-wide chunks per block
+  int chunks_per_split;        // HC-wide chunks per block: a power of two (see LeafTree)
 };
 
 // Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
@@ -126,9 +135,12 @@ __device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int6
 }
 
 // layer_input[t] = bf16(sum_i pre[i] * stream_i), then (mhc_pre family, norm_weight set) the
-// fused RMSNorm over float(bf16(y)). Whole block, one token. Mirrors the CPU kernel's order.
+// fused RMSNorm over float(bf16(y)). Whole block, one token. Each thread takes 8 consecutive
+// positions per step, as one vector or (V == 1) one by one, so that its share of the norm's sum
+// and the order it adds them in are the same on both paths.
 template <int N, Mode MODE, int V>
 __device__ void collapse_token(const PreArgs& a, int64_t t, const float* pre_sm, float* red) {
+  constexpr int G = 8;
   const int64_t H = a.H;
   float pre[N];
   const uint16_t* rows[N];
@@ -145,43 +157,53 @@ __device__ void collapse_token(const PreArgs& a, int64_t t, const float* pre_sm,
   }
   uint16_t* out = a.out + t * H;
   const bool norm = MODE != Mode::Head && a.norm_weight != nullptr;
-  const int64_t step = int64_t(blockDim.x) * V;
+  const int64_t step = int64_t(blockDim.x) * G;
   float sq = 0.f;
-  for (int64_t h = int64_t(threadIdx.x) * V; h < H; h += step) {
-    float y[V];
+  for (int64_t g = int64_t(threadIdx.x) * G; g < H; g += step) {
 #pragma unroll
-    for (int e = 0; e < V; ++e) y[e] = 0.f;
+    for (int s = 0; s < G; s += V) {
+      const int64_t h = g + s;
+      if (h >= H) break;  // V == 1 only: with V == 8, H % 8 == 0
+      float y[V];
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float v[V];
-      // residual_out was written in this launch (fused path) by other blocks: read via L2.
-      if constexpr (MODE == Mode::PostPre) {
-        Pack<V>::load_l2(rows[i] + h).to_float(v);
-      } else {
-        Pack<V>::load(rows[i] + h).to_float(v);
+      for (int e = 0; e < V; ++e) y[e] = 0.f;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        float v[V];
+        // residual_out was written in this launch (fused path) by other blocks: read via L2.
+        if constexpr (MODE == Mode::PostPre) {
+          Pack<V>::load_l2(rows[i] + h).to_float(v);
+        } else {
+          Pack<V>::load(rows[i] + h).to_float(v);
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) y[e] = fmaf(pre[i], v[e], y[e]);
       }
+      const Pack<V> packed = Pack<V>::from_float(y);
+      packed.store(out + h);
+      if (norm) {
+        float r[V];
+        packed.to_float(r);
 #pragma unroll
-      for (int e = 0; e < V; ++e) y[e] = fmaf(pre[i], v[e], y[e]);
-    }
-    const Pack<V> packed = Pack<V>::from_float(y);
-    packed.store(out + h);
-    if (norm) {
-      float r[V];
-      packed.to_float(r);
-#pragma unroll
-      for (int e = 0; e < V; ++e) sq = fmaf(r[e], r[e], sq);
+        for (int e = 0; e < V; ++e) sq = fmaf(r[e], r[e], sq);
+      }
     }
   }
   if (!norm) return;  // uniform over the block
   const float total = block_sum(sq, red);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(H) + a.s.norm_eps);
   // Each thread re-reads exactly the positions it wrote above.
-  for (int64_t h = int64_t(threadIdx.x) * V; h < H; h += step) {
-    float v[V];
-    Pack<V>::load_l2(out + h).to_float(v);
+  for (int64_t g = int64_t(threadIdx.x) * G; g < H; g += step) {
 #pragma unroll
-    for (int e = 0; e < V; ++e) v[e] = v[e] * inv * __ldg(a.norm_weight + h + e);
-    Pack<V>::from_float(v).store(out + h);
+    for (int s = 0; s < G; s += V) {
+      const int64_t h = g + s;
+      if (h >= H) break;
+      float v[V];
+      Pack<V>::load_l2(out + h).to_float(v);
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = v[e] * inv * __ldg(a.norm_weight + h + e);
+      Pack<V>::from_float(v).store(out + h);
+    }
   }
 }
 
@@ -198,9 +220,11 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
     const int64_t t = t0 + r;
     const int64_t tile = t / kTileTokens, row = t % kTileTokens;
     const float* p = a.ws + (tile * a.splits * kTileTokens + row) * S::MP1 + m;
-    float sum = 0.f;
-    for (int sp = 0; sp < a.splits; ++sp) sum += __ldcg(p + sp * split_stride);  // fixed order
-    mix_s[e] = sum;
+    LeafTree<1, kSplitLevels> tree;  // the blocks' subtrees, in the projection's tree
+    for (int sp = 0; sp < a.splits; ++sp) tree.push({__ldcg(p + sp * split_stride)});
+    float sum[1];
+    tree.total(sum);
+    mix_s[e] = sum[0];
   }
   __syncthreads();
   if (static_cast<int>(threadIdx.x) < count) {
@@ -228,7 +252,7 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
 
 // Work item `block` (of tiles * splits): token tile block / splits, H-slice block % splits.
 // kProjThreads threads. Also the body of the symmetric-memory boundary's kernels, which run
-// several items per block and pass their own x source.
+// several items per block and pass their own x source; the summation order is the same.
 template <int N, Mode MODE, int V, class XSrc>
 __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int64_t block,
                                               const XSrc& xsrc) {
@@ -256,10 +280,10 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  float acc[S::NT8][4];
-#pragma unroll
-  for (int nt = 0; nt < S::NT8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-  float ss_g = 0.f, ss_g8 = 0.f;  // sums of squares of token rows g and g + 8 (this lane's share)
+  // A chunk's leaf, as this lane holds it: its MMA outputs (rows g, g + 8), then the squares of
+  // rows g and g + 8.
+  constexpr int kLeaf = S::NT8 * 4 + 2;
+  LeafTree<kLeaf, kBlockLevels> tree;
   const uint16_t* xa = Xs + (warp * 16 + g) * S::LDX + 2 * c;
   const int64_t ldf = int64_t(S::NS) * a.H;  // fn row stride
 
@@ -267,12 +291,11 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
     __syncthreads();  // previous chunk's MMAs are done reading Xs
     stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s, xsrc);
     __syncthreads();
-    // The tensor cores' fp32 accumulation is not IEEE-rounded (it truncates): keep its chains one
-    // chunk long and add the chunks with ordinary fp32 adds, so long H-slices (large T, one split)
-    // do not drift.
-    float cacc[S::NT8][4];
+    float leaf[kLeaf];
 #pragma unroll
-    for (int nt = 0; nt < S::NT8; ++nt) cacc[nt][0] = cacc[nt][1] = cacc[nt][2] = cacc[nt][3] = 0.f;
+    for (int e = 0; e < kLeaf; ++e) leaf[e] = 0.f;
+    float& ss_g = leaf[kLeaf - 2];  // this lane's share of rows g and g + 8, then the group's
+    float& ss_g8 = leaf[kLeaf - 1];
 #pragma unroll
     for (int ks = 0; ks < S::KC / 16; ++ks) {
       uint32_t A[4];
@@ -305,41 +328,44 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
           if (ok8) f8 = __ldg(fr + 8);
           if (ok9) f9 = __ldg(fr + 9);
         }
-        uint32_t hi0, lo0, hi1, lo1;
-        split_bf16x2(f0, f1, hi0, lo0);
-        split_bf16x2(f8, f9, hi1, lo1);
-        mma_bf16_m16n8k16(cacc[nt], A, hi0, hi1);
-        mma_bf16_m16n8k16(cacc[nt], A, lo0, lo1);
+        uint32_t b0[3], b1[3];
+        split_bf16x3(f0, f1, b0[0], b0[1], b0[2]);
+        split_bf16x3(f8, f9, b1[0], b1[1], b1[2]);
+        float d[3][4];
+#pragma unroll
+        for (int k = 0; k < 3; ++k) mma_bf16_m16n8k16(d[k], A, b0[k], b1[k]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) leaf[nt * 4 + e] += d[0][e] + (d[1][e] + d[2][e]);
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < S::NT8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] += cacc[nt][e];
+    // The 4 lanes of a group share rows g and g + 8: combine their squares (each lane ends up
+    // with the same sum).
+    ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 1);
+    ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 2);
+    ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 1);
+    ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 2);
+    tree.push(leaf);
   }
 
-  // The 4 lanes of a group share rows g and g + 8: combine their squares.
-  ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 1);
-  ss_g += __shfl_xor_sync(0xffffffffu, ss_g, 2);
-  ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 1);
-  ss_g8 += __shfl_xor_sync(0xffffffffu, ss_g8, 2);
+  float acc[kLeaf];
+  tree.total(acc);
   float* part = a.ws + block * kTileTokens * S::MP1;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
   for (int nt = 0; nt < S::NT8; ++nt) {
     const int m = nt * 8 + 2 * c;
     if (m < S::M) {
-      part[r0 * S::MP1 + m] = acc[nt][0];
-      part[r1 * S::MP1 + m] = acc[nt][2];
+      part[r0 * S::MP1 + m] = acc[nt * 4 + 0];
+      part[r1 * S::MP1 + m] = acc[nt * 4 + 2];
     }
     if (m + 1 < S::M) {
-      part[r0 * S::MP1 + m + 1] = acc[nt][1];
-      part[r1 * S::MP1 + m + 1] = acc[nt][3];
+      part[r0 * S::MP1 + m + 1] = acc[nt * 4 + 1];
+      part[r1 * S::MP1 + m + 1] = acc[nt * 4 + 3];
     }
   }
   if (c == 0) {
-    part[r0 * S::MP1 + S::M] = ss_g;
-    part[r1 * S::MP1 + S::M] = ss_g8;
+    part[r0 * S::MP1 + S::M] = acc[kLeaf - 2];
+    part[r1 * S::MP1 + S::M] = acc[kLeaf - 1];
   }
   if (!fused) return;
 

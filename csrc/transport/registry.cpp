@@ -1,4 +1,4 @@
-// Group registry and the gloo communicator (CPU tensors).
+// The registry of groups initialised with mhc_sp and the transport each serves per device.
 
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -10,57 +10,6 @@
 
 namespace mhc_sp {
 namespace {
-
-// torch renamed _allgather_base/_reduce_scatter_base to all_gather_single/reduce_scatter_single
-// (2.14 keeps the old names as deprecated aliases; 2.11 on the GPU image has only the old ones).
-template <typename PG>
-c10::intrusive_ptr<c10d::Work> pg_all_gather(PG& pg, Tensor& out, Tensor& in) {
-  if constexpr (requires { pg.all_gather_single(out, in); }) {
-    return pg.all_gather_single(out, in);
-  } else {
-    return pg._allgather_base(out, in);
-  }
-}
-
-template <typename PG>
-c10::intrusive_ptr<c10d::Work> pg_reduce_scatter(PG& pg, Tensor& out, Tensor& in) {
-  if constexpr (requires { pg.reduce_scatter_single(out, in); }) {
-    return pg.reduce_scatter_single(out, in);
-  } else {
-    return pg._reduce_scatter_base(out, in);
-  }
-}
-
-// Runs the group's own CPU backend (gloo) and waits: gloo work completes on its own threads.
-// Reductions of bf16/fp16 are done in fp32 (gloo would otherwise round at every step).
-class GlooCommunicator final : public Communicator {
- public:
-  explicit GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> pg) : pg_(std::move(pg)) {}
-
-  void all_gather(Tensor& out, const Tensor& in) override {
-    Tensor src = in;
-    pg_all_gather(*pg_, out, src)->wait();
-  }
-
-  void reduce_scatter(Tensor& out, const Tensor& in) override {
-    Tensor src = widen(in);
-    Tensor dst = out.scalar_type() == src.scalar_type() ? out : at::empty(out.sizes(), src.options());
-    pg_reduce_scatter(*pg_, dst, src)->wait();
-    if (!dst.is_same(out)) out.copy_(dst);
-  }
-
-  void all_reduce(Tensor& out, const Tensor& in) override {
-    std::vector<Tensor> buf{widen(in).clone()};
-    pg_->allreduce(buf)->wait();
-    out.copy_(buf[0]);
-  }
-
- private:
-  static Tensor widen(const Tensor& t) {
-    return at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t;
-  }
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
-};
 
 struct GroupEntry {
   int64_t rank = 0;
@@ -102,9 +51,8 @@ void register_group(const std::string& name, int64_t rank, int64_t world) {
     TORCH_CHECK_VALUE(pg->getSize() == world && pg->getRank() == rank, "group: '", name,
                       "' has rank ", pg->getRank(), " of ", pg->getSize(), ", not ", rank, " of ", world);
     try {
-      pg->getBackend(c10::DeviceType::CPU);
-      cpu = std::make_unique<GlooCommunicator>(pg);
-    } catch (const std::exception&) {
+      cpu = make_gloo_communicator(name);
+    } catch (const c10::ValueError&) {
       // No CPU backend (e.g. an NCCL-only group): CPU tensors on it are refused in group_for.
     }
   }
@@ -117,12 +65,16 @@ void register_group(const std::string& name, int64_t rank, int64_t world) {
   if (!same) entry.cuda.reset();
 }
 
-void attach_cuda_communicator(const std::string& name, int64_t device,
-                              std::unique_ptr<Communicator> comm) {
+void attach_communicator(const std::string& name, c10::DeviceType device_type, int64_t device_index,
+                         std::unique_ptr<Communicator> comm) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto& entry = lookup(name);
-  entry.cuda = std::move(comm);
-  entry.cuda_device = device;
+  if (device_type == c10::DeviceType::CUDA) {
+    entry.cuda = std::move(comm);
+    entry.cuda_device = device_index;
+  } else {
+    entry.cpu = std::move(comm);
+  }
 }
 
 void unregister_all_groups() {
@@ -134,6 +86,14 @@ GroupHandle registered_group(const std::string& name) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   const auto& entry = lookup(name);
   return {entry.rank, entry.world, nullptr};
+}
+
+std::string group_transport(const std::string& name, c10::DeviceType device_type) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto& entry = lookup(name);
+  if (entry.world == 1) return "local";
+  const auto& comm = device_type == c10::DeviceType::CUDA ? entry.cuda : entry.cpu;
+  return comm ? comm->transport() : "";
 }
 
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg) {
@@ -150,8 +110,8 @@ GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg)
   }
   TORCH_CHECK_VALUE(t.is_cpu(), arg, ": group '", name, "' cannot serve tensors on ", t.device());
   TORCH_CHECK_VALUE(entry.cpu, arg, ": group '", name,
-                    "' has no CPU (gloo) backend for cpu tensors; create it with backend 'gloo' or "
-                    "'cpu:gloo,cuda:nccl'");
+                    "' has no CPU transport for cpu tensors; create it with backend 'gloo' or "
+                    "'cpu:gloo,cuda:nccl', or call mhc_sp.distributed.init(group, device='cpu')");
   return {entry.rank, entry.world, entry.cpu.get()};
 }
 

@@ -1,0 +1,302 @@
+// The shm transport: the collectives and the one-pass fused boundaries over a group's
+// shared-memory workspace (shm_workspace.h; protocol in mhc_sp/boundary_protocol.h).
+//
+// fused_layer, sharded, on rank r of W (S = ceil(num_tokens / W) rows per shard):
+//   1. copy the partial's num_tokens rows, but for this rank's own tokens, into this rank's
+//      slot; barrier (+ header check)
+//   2. post+pre over this rank's real rows, the kernel reading x as the rank-order fp32 sum of
+//      every rank's partial rows [r*S, r*S + rows), straight from the peers' slots and from the
+//      rank's own partial; layer_input is written into this rank's slot; padding rows of the
+//      stream outputs are zeros
+//   3. barrier; copy every rank's layer_input rows into the gathered (num_tokens, H) output.
+// Replicated: steps 1 and 2 over all rows, outputs kept local, one barrier.
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "mhc_sp/comm.h"
+#include "mhc_sp/kernels.h"
+#include "mhc_sp/nvtx.h"
+#include "mhc_sp/ops.h"
+#include "shm_workspace.h"
+
+namespace mhc_sp {
+namespace {
+
+namespace bp = ::mhc_sp::boundary;
+using shm::Call;
+
+// Large copies split across the threads the op may use; small ones stay on this thread.
+void copy_bytes(void* dst, const void* src, int64_t bytes) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (bytes <= 0) return;
+  at::parallel_for(0, (bytes + kChunk - 1) / kChunk, 4, [&](int64_t begin, int64_t end) {
+    const int64_t lo = begin * kChunk, hi = std::min(bytes, end * kChunk);
+    std::memcpy(static_cast<uint8_t*>(dst) + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+  });
+}
+
+int64_t inner_elements(const Tensor& t) {
+  int64_t inner = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) inner *= t.size(d);
+  return inner;
+}
+
+// Rows [from, end) of a (rows, ...) tensor set to zero: the stream's padding rows.
+void zero_rows_from(Tensor& t, int64_t from) {
+  if (from < t.size(0)) t.narrow(0, from, t.size(0) - from).zero_();
+}
+
+// The rank-order sum (fp32 for reduced floats) of `count` elements at `parts[r]`, into dst.
+void sum_parts(void* dst, const std::vector<const uint8_t*>& parts, int64_t count,
+               at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  auto part = [&](size_t r) { return at::from_blob(const_cast<uint8_t*>(parts[r]), {count}, opts); };
+  const auto acc_type = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
+  Tensor acc = part(0).to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+  for (size_t r = 1; r < parts.size(); ++r) acc.add_(part(r));
+  at::from_blob(dst, {count}, opts).copy_(acc);
+}
+
+BFloat16* bf16(uint8_t* p) { return reinterpret_cast<BFloat16*>(p); }
+const BFloat16* bf16(const uint8_t* p) { return reinterpret_cast<const BFloat16*>(p); }
+
+PreParams pre_params(int64_t T, const StreamShape& s, const Tensor& fn, const Tensor& scale,
+                     const Tensor& base, const OptTensor& norm_weight, const MhcScalars& sc,
+                     float* post, float* comb, BFloat16* out) {
+  return PreParams{.T = T,
+                   .n = s.n,
+                   .H = s.H,
+                   .rows = base.size(0),
+                   .fn = fn.const_data_ptr<float>(),
+                   .scale = scale.const_data_ptr<float>(),
+                   .base = base.const_data_ptr<float>(),
+                   .norm_weight = norm_weight ? norm_weight->const_data_ptr<float>() : nullptr,
+                   .s = sc,
+                   .post = post,
+                   .comb = comb,
+                   .out = out};
+}
+
+class ShmCommunicator final : public Communicator, public FusedBoundary {
+ public:
+  ShmCommunicator(const std::string& group, int64_t rank, int64_t world, const std::string& segment,
+                  std::chrono::milliseconds timeout)
+      : ws_(group, rank, world, segment, timeout) {}
+
+  const char* transport() const override { return "shm"; }
+  FusedBoundary* fused() override { return this; }
+
+  void all_gather(Tensor& out, const Tensor& in) override {
+    Call call = ws_.start(bp::Op::kAllGather, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
+    const int64_t bytes = static_cast<int64_t>(in.nbytes());
+    copy_bytes(call.in(), in.const_data_ptr(), bytes);
+    call.publish();
+    for (int64_t r = 0; r < call.world(); ++r) {
+      copy_bytes(static_cast<uint8_t*>(out.data_ptr()) + r * bytes, call.peer_in(r), bytes);
+    }
+    call.finish();
+  }
+
+  void reduce_scatter(Tensor& out, const Tensor& in) override {
+    Call call = ws_.start(bp::Op::kReduceScatter, 0, in.size(0), -1, inner_elements(in),
+                          in.scalar_type());
+    copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
+    call.publish();
+    const int64_t shard_bytes = static_cast<int64_t>(out.nbytes());
+    std::vector<const uint8_t*> parts;
+    for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r) + ws_.rank() * shard_bytes);
+    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    call.finish();
+  }
+
+  void all_reduce(Tensor& out, const Tensor& in) override {
+    Call call = ws_.start(bp::Op::kAllReduce, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
+    copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
+    call.publish();
+    std::vector<const uint8_t*> parts;
+    for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r));
+    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    call.finish();
+  }
+
+  EntryOutputs fused_entry(const EntryArgs& a) override {
+    if (!a.sharded) {
+      return mhc_pre_broadcast(a.x, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s.rms_eps,
+                               a.s.hc_pre_eps, a.s.hc_sinkhorn_eps, a.s.hc_post_mult,
+                               a.s.sinkhorn_iters, a.s.norm_eps);
+    }
+    const StreamShape& s = a.stream;
+    const int64_t tokens = a.x.size(0), rows = s.T;
+    const int64_t valid = bp::shard_valid_rows(tokens, ws_.world(), ws_.rank());
+    Call call = ws_.start(bp::Op::kFusedEntry, bp::kSharded, 0, tokens, s.H, at::kBFloat16);
+    Tensor residual = at::empty({rows, s.n, s.H}, a.x.options());
+    Tensor post = at::empty({rows, s.n}, a.x.options().dtype(at::kFloat));
+    Tensor comb = at::empty({rows, s.n, s.n}, a.x.options().dtype(at::kFloat));
+    {
+      MHC_SP_NVTX_PHASE("fused_entry/pre");
+      if (valid > 0) {
+        // The n streams are identical, so X @ fn^T == x @ (sum over streams of fn)^T.
+        const Tensor fn_summed = a.fn.view({s.mix_rows(), s.n, s.H}).sum(1);
+        cpu_kernels().mhc_pre_broadcast(
+            a.x.const_data_ptr<BFloat16>() + ws_.rank() * rows * s.H, residual.data_ptr<BFloat16>(),
+            pre_params(valid, s, fn_summed, a.hc_scale, a.hc_base, a.norm_weight, a.s,
+                       post.data_ptr<float>(), comb.data_ptr<float>(), bf16(call.out())));
+      }
+      zero_rows_from(residual, valid);
+      zero_rows_from(post, valid);
+      zero_rows_from(comb, valid);
+    }
+    Tensor layer_input = [&] {
+      MHC_SP_NVTX_PHASE("fused_entry/gather");
+      call.publish();
+      return gather(call, tokens, rows, s.H);
+    }();
+    call.finish();
+    return {residual, post, comb, layer_input};
+  }
+
+  LayerOutputs fused_layer(const LayerArgs& a) override {
+    const StreamShape& s = a.stream;
+    const int64_t tokens = a.num_tokens, rows = s.T;
+    const int64_t valid = a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    Call call = ws_.start(bp::Op::kFusedLayer, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
+                          at::kBFloat16);
+    {
+      MHC_SP_NVTX_PHASE("fused_layer/exchange");
+      publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
+      call.publish();
+    }
+    const auto f32 = a.residual.options().dtype(at::kFloat);
+    Tensor residual_out = at::empty_like(a.residual);
+    Tensor post = at::empty({rows, s.n}, f32);
+    Tensor comb = at::empty({rows, s.n, s.n}, f32);
+    Tensor layer_input = a.sharded ? Tensor() : at::empty({tokens, s.H}, a.residual.options());
+    {
+      MHC_SP_NVTX_PHASE("fused_layer/post_pre");
+      if (valid > 0) {
+        const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
+        BFloat16* out = a.sharded ? bf16(call.out()) : layer_input.data_ptr<BFloat16>();
+        cpu_kernels().mhc_post_pre(
+            post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts),
+            pre_params(valid, s, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s,
+                       post.data_ptr<float>(), comb.data_ptr<float>(), out));
+      }
+      zero_rows_from(residual_out, valid);
+      zero_rows_from(post, valid);
+      zero_rows_from(comb, valid);
+    }
+    if (a.sharded) {
+      MHC_SP_NVTX_PHASE("fused_layer/gather");
+      call.barrier();
+      layer_input = gather(call, tokens, rows, s.H);
+    }
+    call.finish();
+    return {residual_out, post, comb, layer_input};
+  }
+
+  HeadOutputs fused_head(const HeadArgs& a) override {
+    const StreamShape& s = a.stream;
+    const int64_t tokens = a.num_tokens, rows = s.T;
+    const int64_t valid = a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    const MhcScalars head_scalars = check_scalars(a.rms_eps, a.hc_eps, 0.0, 1.0, 1, 1e-6);
+    Call call = ws_.start(bp::Op::kFusedHead, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
+                          at::kBFloat16);
+    {
+      MHC_SP_NVTX_PHASE("fused_head/exchange");
+      publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
+      call.publish();
+    }
+    Tensor residual_out = at::empty_like(a.residual);
+    Tensor hidden = a.sharded ? Tensor() : at::empty({tokens, s.H}, a.residual.options());
+    {
+      MHC_SP_NVTX_PHASE("fused_head/post_head");
+      if (valid > 0) {
+        const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
+        cpu_kernels().mhc_post(post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
+        BFloat16* out = a.sharded ? bf16(call.out()) : hidden.data_ptr<BFloat16>();
+        cpu_kernels().hc_head(residual_out.const_data_ptr<BFloat16>(),
+                              pre_params(valid, s, a.head_fn, a.head_scale, a.head_base,
+                                         std::nullopt, head_scalars, nullptr, nullptr, out));
+      }
+      zero_rows_from(residual_out, valid);
+    }
+    if (a.sharded) {
+      MHC_SP_NVTX_PHASE("fused_head/gather");
+      call.barrier();
+      hidden = gather(call, tokens, rows, s.H);
+    }
+    call.finish();
+    return {hidden, residual_out};
+  }
+
+ private:
+  // The partial's first `tokens` rows into this rank's slot, for the peers: all of them when
+  // replicated (shard_rows == 0), else all but this rank's own `valid` rows (it reads those from
+  // the partial itself).
+  void publish_partial(Call& call, const Tensor& partial, int64_t tokens, int64_t shard_rows,
+                       int64_t valid) const {
+    const int64_t row_bytes = partial.size(1) * 2;
+    const auto* src = static_cast<const uint8_t*>(partial.const_data_ptr());
+    const int64_t own = std::min(ws_.rank() * shard_rows, tokens);
+    const int64_t own_end = shard_rows ? own + valid : 0;
+    copy_bytes(call.in(), src, (shard_rows ? own : tokens) * row_bytes);
+    if (shard_rows) {
+      copy_bytes(call.in() + own_end * row_bytes, src + own_end * row_bytes,
+                 (tokens - own_end) * row_bytes);
+    }
+  }
+
+  // Every rank's partial rows of this rank's tokens (from row rank * shard_rows), in rank order:
+  // the peers' from their slots, this rank's own from its partial.
+  std::vector<const BFloat16*> shard_parts(const Call& call, const Tensor& partial,
+                                           int64_t shard_rows, int64_t H) const {
+    std::vector<const BFloat16*> parts;
+    for (int64_t r = 0; r < call.world(); ++r) {
+      const BFloat16* base = r == ws_.rank() ? partial.const_data_ptr<BFloat16>() : bf16(call.peer_in(r));
+      parts.push_back(base + ws_.rank() * shard_rows * H);
+    }
+    return parts;
+  }
+
+  static PostParams post_params(int64_t T, const StreamShape& s, const Tensor& residual,
+                                const Tensor& post, const Tensor& comb, Tensor& residual_out,
+                                const std::vector<const BFloat16*>& parts) {
+    return PostParams{.T = T,
+                      .n = s.n,
+                      .H = s.H,
+                      .x = nullptr,
+                      .residual = residual.const_data_ptr<BFloat16>(),
+                      .post = post.const_data_ptr<float>(),
+                      .comb = comb.const_data_ptr<float>(),
+                      .residual_out = residual_out.data_ptr<BFloat16>(),
+                      .x_parts = parts.data(),
+                      .x_parts_count = static_cast<int64_t>(parts.size())};
+  }
+
+  // The (tokens, H) concatenation of every rank's published rows (shards of `rows` rows).
+  Tensor gather(const Call& call, int64_t tokens, int64_t rows, int64_t H) const {
+    Tensor out = at::empty({tokens, H}, at::TensorOptions().dtype(at::kBFloat16));
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    for (int64_t r = 0; r < call.world(); ++r) {
+      const int64_t n = bp::shard_valid_rows(tokens, call.world(), r);
+      copy_bytes(dst + r * rows * H * 2, call.peer_out(r), n * H * 2);
+    }
+    return out;
+  }
+
+  shm::Workspace ws_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
+                                                    const std::string& segment,
+                                                    std::chrono::milliseconds timeout) {
+  const GroupHandle g = registered_group(name);
+  return std::make_unique<ShmCommunicator>(name, g.rank, g.world, segment, timeout);
+}
+
+}  // namespace mhc_sp

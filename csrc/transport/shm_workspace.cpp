@@ -1,0 +1,430 @@
+// The shared-memory workspace: POSIX segments laid out and driven as mhc_sp/boundary_protocol.h
+// describes. Everything here is host code; the rows themselves are read and written by
+// csrc/transport/shm_comm.cpp and the CPU kernels.
+
+#include "shm_workspace.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "mhc_sp/comm.h"
+
+namespace mhc_sp::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waiting: spin through the short waits of balanced ranks, then sleep on the peer's futex word
+// until it arrives (it wakes its sleepers). While ranks fit the cores a spin is cheaper than a
+// sleep and its wake-up; when they outnumber the cores, the rank being waited for may need this
+// very core, so the wait sleeps almost at once.
+constexpr auto kSpinForOwnCore = std::chrono::microseconds(100);
+constexpr auto kSpinForSharedCore = std::chrono::microseconds(5);
+constexpr int kSpinsPerClock = 64;
+constexpr auto kCheckEvery = std::chrono::microseconds(5000);  // liveness, timeout, broken word
+
+constexpr int64_t kInitialHalfBytes = int64_t{1} << 20;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string errno_text(int err) { return std::string(std::strerror(err)); }
+
+// Shared (not process-private) futexes: the words live in a segment mapped by several processes.
+void futex_wait(uint32_t* word, uint32_t seen, std::chrono::microseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000),
+              static_cast<long>(timeout.count() % 1000000) * 1000};
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// The process is gone: no /proc entry, or a zombie waiting to be reaped.
+bool process_gone(int64_t pid) {
+  if (pid <= 0) return false;
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the command name may itself contain ')'
+  if (!paren || paren[1] == '\0' || paren[2] == '\0') return false;
+  return paren[2] == 'Z' || paren[2] == 'X';
+}
+
+struct Unlinker {
+  std::string name;
+  ~Unlinker() {
+    if (!name.empty()) ::shm_unlink(name.c_str());
+  }
+};
+
+Segment map_fd(int fd, int64_t bytes, const std::string& name) {
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  TORCH_CHECK(p != MAP_FAILED, "shm: cannot map segment ", name, " (", bytes, " bytes): ",
+              errno_text(err));
+  return Segment(static_cast<uint8_t*>(p), bytes);
+}
+
+// Creates, sizes (reserving the memory, so that a full /dev/shm is an error here rather than a
+// SIGBUS later) and maps a segment only this user can open.
+Segment create_segment(const std::string& name, int64_t world, int64_t half_bytes) {
+  const int64_t bytes = bp::segment_bytes(world, half_bytes);
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  const int err = errno;
+  TORCH_CHECK(fd >= 0, "shm: cannot create segment ", name, ": ", errno_text(err));
+  Unlinker unlink_on_error{name};
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  TORCH_CHECK(::fchmod(fd, S_IRUSR | S_IWUSR) == 0, "shm: cannot restrict segment ", name, ": ",
+              errno_text(errno));
+  const int rc = ::posix_fallocate(fd, 0, bytes);
+  TORCH_CHECK(rc == 0, "shm: cannot reserve ", bytes, " bytes for the workspace in /dev/shm: ",
+              errno_text(rc), " (", world, " ranks x 2 halves x ", half_bytes, " bytes)");
+  Segment seg = map_fd(fd, bytes, name);
+  auto* h = seg.header();
+  h->version = bp::kVersion;
+  h->world = static_cast<uint32_t>(world);
+  h->half_bytes = static_cast<uint64_t>(half_bytes);
+  h->total_bytes = static_cast<uint64_t>(bytes);
+  __atomic_store_n(&h->magic, bp::kMagic, __ATOMIC_RELEASE);
+  unlink_on_error.name.clear();
+  return seg;
+}
+
+// Opens and maps a segment made by rank 0, waiting until it exists and is complete. The segment
+// is trusted only after it proves to be this user's private, complete, and of the geometry the
+// caller expects (half_bytes < 0: any).
+Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
+                     Clock::time_point deadline) {
+  std::string last = "it does not exist yet";
+  while (true) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd >= 0) {
+      struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+      } closer{fd};
+      struct stat st{};
+      TORCH_CHECK(::fstat(fd, &st) == 0, "shm: cannot stat segment ", name, ": ", errno_text(errno));
+      TORCH_CHECK(st.st_uid == ::geteuid() && (st.st_mode & 077) == 0, "shm: segment ", name,
+                  " is not private to this user (uid ", st.st_uid, ", mode ", std::oct,
+                  (st.st_mode & 0777), "); refusing it");
+      const int64_t bytes = st.st_size;
+      if (bytes >= bp::slots_offset(1)) {
+        Segment seg = map_fd(fd, bytes, name);
+        const auto* h = seg.header();
+        if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == bp::kMagic) {
+          TORCH_CHECK(h->version == bp::kVersion, "shm: segment ", name, " has protocol version ",
+                      h->version, ", this build speaks ", bp::kVersion);
+          TORCH_CHECK(h->world == static_cast<uint64_t>(world), "shm: segment ", name, " is for ",
+                      h->world, " ranks, the group has ", world);
+          const auto half = static_cast<int64_t>(h->half_bytes);
+          TORCH_CHECK(half > 0 && half % bp::kAlign == 0 &&
+                          half >= bp::call_layout(0, 0).need &&
+                          (half_bytes < 0 || half == half_bytes) &&
+                          static_cast<int64_t>(h->total_bytes) == bytes &&
+                          bp::segment_bytes(world, half) == bytes,
+                      "shm: segment ", name, " is inconsistent: ", bytes, " bytes, header says ",
+                      h->total_bytes, " bytes and half size ", half,
+                      half_bytes < 0 ? std::string() : c10::str(" (expected ", half_bytes, ")"));
+          return seg;
+        }
+        last = "it is not initialised yet";
+      } else {
+        last = "it is not sized yet";
+      }
+    } else if (errno != ENOENT) {
+      TORCH_CHECK(false, "shm: cannot open segment ", name, ": ", errno_text(errno));
+    }
+    TORCH_CHECK(Clock::now() < deadline, "shm: segment ", name, " did not appear in time (", last,
+                "): rank 0 did not create it");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+const char* tensor_arg(bp::Op op) {
+  return op == bp::Op::kFusedLayer || op == bp::Op::kFusedHead ? "partial" : "x";
+}
+
+}  // namespace
+
+const char* op_name(bp::Op op) {
+  switch (op) {
+    case bp::Op::kAllGather: return "all_gather";
+    case bp::Op::kReduceScatter: return "reduce_scatter";
+    case bp::Op::kAllReduce: return "all_reduce";
+    case bp::Op::kFusedEntry: return "fused_entry";
+    case bp::Op::kFusedLayer: return "fused_layer";
+    case bp::Op::kFusedHead: return "fused_head";
+    default: return "an unknown op";
+  }
+}
+
+Segment::Segment(Segment&& other) noexcept : base_(other.base_), bytes_(other.bytes_) {
+  other.base_ = nullptr;
+  other.bytes_ = 0;
+}
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  if (this != &other) {
+    if (base_) ::munmap(base_, static_cast<size_t>(bytes_));
+    base_ = other.base_;
+    bytes_ = other.bytes_;
+    other.base_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+Segment::~Segment() {
+  if (base_) ::munmap(base_, static_cast<size_t>(bytes_));
+}
+
+// ---- Workspace ----------------------------------------------------------------------------
+
+Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::string& segment,
+                     std::chrono::milliseconds timeout)
+    : group_(std::move(group)), rank_(rank), world_(world), timeout_(timeout) {
+  cpu_set_t cpus;
+  const int64_t cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  spin_for_ = world <= cores ? kSpinForOwnCore : kSpinForSharedCore;
+  TORCH_CHECK_VALUE(world >= 2 && world <= bp::kMaxWorld, "group: the shm transport serves 2 to ",
+                    bp::kMaxWorld, " ranks, got ", world);
+  TORCH_CHECK_VALUE(segment.size() >= 2 && segment.size() < bp::kNameBytes && segment[0] == '/',
+                    "segment: expected a POSIX shared-memory name, got '", segment, "'");
+  Unlinker unlink{rank == 0 ? segment : std::string()};
+  seg_ = rank == 0 ? create_segment(segment, world, kInitialHalfBytes)
+                   : open_segment(segment, world, -1, Clock::now() + timeout_);
+  __atomic_store_n(&seg_.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
+  barrier("joining the workspace");
+}
+
+void Workspace::fail(const std::string& message) {
+  broken_ = message;
+  bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
+  TORCH_CHECK(false, message);
+}
+
+void Workspace::check_usable() const {
+  TORCH_CHECK(broken_.empty(), "group '", group_, "' (shm transport): the workspace is broken by an "
+              "earlier error (", broken_, "); call mhc_sp.distributed.init(group) on every rank "
+              "for a new one");
+  const uint32_t by = bp::load_broken(&seg_.header()->broken);
+  TORCH_CHECK(by == 0, "group '", group_, "' (shm transport): rank ", by - 1,
+              " gave up on the workspace after an error (see that rank's error); call "
+              "mhc_sp.distributed.init(group) on every rank for a new one");
+}
+
+void Workspace::barrier(const char* what) {
+  const uint64_t e = ++epoch_;
+  bp::RankControl* mine = seg_.control(rank_);
+  bp::store_release(&mine->arrived, e);
+  __atomic_store_n(&mine->arrived_low, static_cast<uint32_t>(e), __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&mine->sleepers, __ATOMIC_SEQ_CST) != 0) futex_wake_all(&mine->arrived_low);
+  const auto start = Clock::now();
+  auto next_check = start + kCheckEvery;
+  int spins = 0;
+  bool spinning = true;
+  for (int64_t p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    bp::RankControl* peer = seg_.control(p);
+    while (bp::load_acquire(&peer->arrived) < e) {
+      if (spinning && ++spins % kSpinsPerClock != 0) {
+        cpu_relax();
+        continue;
+      }
+      if (spinning) {
+        spinning = Clock::now() - start < spin_for_;
+        continue;
+      }
+      // Announce the sleep before the last look (both sequentially consistent), so that either
+      // this look sees the arrival or the arriving peer sees a sleeper and wakes it.
+      __atomic_fetch_add(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+      const uint32_t seen = __atomic_load_n(&peer->arrived_low, __ATOMIC_SEQ_CST);
+      if (bp::load_acquire(&peer->arrived) < e) {
+        futex_wait(&peer->arrived_low, seen, kCheckEvery);
+      }
+      __atomic_fetch_sub(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+      const auto now = Clock::now();
+      if (now < next_check) continue;
+      next_check = now + kCheckEvery;
+      if (bp::load_acquire(&peer->arrived) >= e) break;
+      const uint32_t by = bp::load_broken(&seg_.header()->broken);
+      if (by != 0) {
+        fail(c10::str("group '", group_, "' (shm transport): rank ", by - 1, " gave up during ",
+                      what, " (see that rank's error) while rank ", p,
+                      " had not arrived; the workspace is now broken"));
+      }
+      const int64_t pid = __atomic_load_n(&seg_.control(p)->pid, __ATOMIC_RELAXED);
+      if (process_gone(pid)) {
+        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", pid,
+                      ") exited during ", what, "; the workspace is now broken"));
+      }
+      if (now - start >= timeout_) {
+        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " did not reach ", what,
+                      " within ", timeout_.count() / 1000.0,
+                      " s (the group's timeout); the workspace is now broken"));
+      }
+    }
+  }
+}
+
+void Workspace::check_headers(int64_t half) {
+  const auto& ref = *reinterpret_cast<const bp::CallHeader*>(seg_.half(0, half));
+  for (int64_t r = 1; r < world_; ++r) {
+    const auto& h = *reinterpret_cast<const bp::CallHeader*>(seg_.half(r, half));
+    if (bp::same_call(ref, h)) continue;
+    const auto op0 = static_cast<bp::Op>(ref.op), op = static_cast<bp::Op>(h.op);
+    std::string detail;
+    const char* arg = "group";
+    if (ref.call != h.call || ref.epoch != h.epoch || ref.op != h.op || ref.flags != h.flags) {
+      detail = c10::str("rank 0 called ", op_name(op0), (ref.flags & bp::kSharded) ? " (sharded)" : "",
+                        " as call ", ref.call, ", rank ", r, " called ", op_name(op),
+                        (h.flags & bp::kSharded) ? " (sharded)" : "", " as call ", h.call);
+    } else if (ref.num_tokens != h.num_tokens) {
+      arg = "num_tokens";
+      detail = c10::str("rank 0 passed ", ref.num_tokens, ", rank ", r, " passed ", h.num_tokens);
+    } else if (ref.rows != h.rows || ref.inner != h.inner) {
+      arg = tensor_arg(op0);
+      detail = c10::str("rank 0 passed ", ref.rows, " rows of ", ref.inner, " elements, rank ", r,
+                        " passed ", h.rows, " rows of ", h.inner);
+    } else {
+      arg = tensor_arg(op0);
+      detail = c10::str("rank 0 passed dtype ", static_cast<c10::ScalarType>(ref.dtype), ", rank ", r,
+                        " passed ", static_cast<c10::ScalarType>(h.dtype));
+    }
+    broken_ = c10::str(arg, ": ranks disagree on ", op_name(op0), ": ", detail);
+    bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
+    TORCH_CHECK_VALUE(false, broken_, " (group '", group_, "', shm transport: every rank must make "
+                      "the same call; the workspace is now broken)");
+  }
+}
+
+void Workspace::grow(int64_t need) {
+  const int64_t half = bp::align_up(std::max(need, 2 * seg_.half_bytes()), bp::kPage);
+  Segment next;
+  Unlinker unlink;
+  if (rank_ == 0) {
+    const std::string name = new_shm_segment_name();
+    try {
+      next = create_segment(name, world_, half);
+    } catch (const c10::Error& e) {
+      fail(c10::str("group '", group_, "' (shm transport): cannot grow the workspace to ", half,
+                    " bytes per rank and half: ", e.what_without_backtrace()));
+    }
+    unlink.name = name;
+    std::memset(seg_.header()->next_name, 0, bp::kNameBytes);
+    std::memcpy(seg_.header()->next_name, name.data(), name.size());
+  }
+  barrier("growing the workspace");
+  if (rank_ != 0) {
+    const auto* raw = seg_.header()->next_name;
+    const std::string name(raw, strnlen(raw, bp::kNameBytes));
+    try {
+      next = open_segment(name, world_, half, Clock::now() + timeout_);
+    } catch (const c10::Error& e) {
+      fail(c10::str("group '", group_, "' (shm transport): cannot map the grown workspace: ",
+                    e.what_without_backtrace()));
+    }
+  }
+  __atomic_store_n(&next.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
+  barrier("growing the workspace");
+  seg_ = std::move(next);
+  epoch_ = 0;
+}
+
+Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_tokens, int64_t inner,
+                      at::ScalarType dtype) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  check_usable();
+  bp::CallHeader h{};
+  h.op = static_cast<uint32_t>(op);
+  h.flags = flags;
+  h.rows = rows;
+  h.num_tokens = num_tokens;
+  h.inner = inner;
+  h.dtype = static_cast<uint32_t>(dtype);
+  h.elem_bytes = static_cast<uint32_t>(c10::elementSize(dtype));
+  h.call = calls_++;
+  h.epoch = epoch_ + 1;
+  const int64_t need = bp::layout_for(h, world_).need;
+  if (need > seg_.half_bytes()) {
+    // Rule 7: the headers are compared before anyone acts on their size.
+    const int64_t half = static_cast<int64_t>(h.call % 2);
+    *reinterpret_cast<bp::CallHeader*>(seg_.half(rank_, half)) = h;
+    barrier(op_name(op));
+    check_headers(half);
+    grow(need);
+    h.epoch = epoch_ + 1;
+  }
+  return Call(*this, std::move(lock), h);
+}
+
+// ---- Call ---------------------------------------------------------------------------------
+
+Call::Call(Workspace& ws, std::unique_lock<std::mutex> lock, const bp::CallHeader& h)
+    : ws_(ws), lock_(std::move(lock)), header_(h), layout_(bp::layout_for(h, ws.world_)),
+      rank_(ws.rank_) {
+  const int64_t half = static_cast<int64_t>(h.call % 2);
+  halves_.resize(static_cast<size_t>(ws.world_));
+  for (int64_t r = 0; r < ws.world_; ++r) halves_[r] = ws.seg_.half(r, half);
+  TORCH_INTERNAL_ASSERT(layout_.need <= ws.seg_.half_bytes());
+  *reinterpret_cast<bp::CallHeader*>(halves_[rank_]) = h;
+}
+
+Call::~Call() {
+  if (done_ || !ws_.broken_.empty()) return;
+  ws_.broken_ = c10::str("rank ", rank_, " abandoned ", op_name(static_cast<bp::Op>(header_.op)),
+                         " after an error");
+  bp::mark_broken(&ws_.seg_.header()->broken, static_cast<uint32_t>(rank_));
+}
+
+void Call::publish() {
+  const auto op = static_cast<bp::Op>(header_.op);
+  ws_.barrier(op_name(op));
+  ws_.check_headers(static_cast<int64_t>(header_.call % 2));
+}
+
+void Call::barrier() { ws_.barrier(op_name(static_cast<bp::Op>(header_.op))); }
+
+}  // namespace mhc_sp::shm
+
+namespace mhc_sp {
+
+std::string new_shm_segment_name() {
+  std::random_device device;  // /dev/urandom
+  std::string name = "/mhc_sp_";
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 4; ++i) {  // 128 random bits
+    const uint32_t v = device();
+    for (int k = 0; k < 8; ++k) name += hex[(v >> (4 * k)) & 15];
+  }
+  return name;
+}
+
+}  // namespace mhc_sp
