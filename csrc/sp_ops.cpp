@@ -1,8 +1,9 @@
 // Sequence-parallel collectives and the fused boundary ops (DESIGN §2). Device-generic: every
-// argument is checked here; then a transport that runs whole boundaries in one pass (the CPU shm
-// transport) takes the fused op, and otherwise the op is composed from the group's collectives
-// (gloo for CPU tensors, mhc_sp's NCCL communicator on the current stream for CUDA tensors) and
-// the math ops of mhc_ops.cpp. Nothing here synchronises with the host on CUDA.
+// argument is checked here; then a transport that runs whole boundaries in one pass (CPU shm, CUDA
+// symm) takes the fused op, and otherwise the op is composed from the group's collectives (gloo for
+// CPU tensors, NCCL on the current stream for CUDA tensors) and the math ops of mhc_ops.cpp. The
+// symm transport composes the same way the calls its kernels do not take. Nothing here
+// synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
@@ -124,6 +125,65 @@ Tensor summing_collective(const Tensor& x, const std::string& group,
 
 }  // namespace
 
+// The MhcScalars go back to doubles for the math ops, which narrow them to the same floats.
+EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g) {
+  const MhcScalars& s = a.s;
+  const int64_t T = a.x.size(0);
+  const bool split = a.sharded && g.world > 1;
+  auto [residual, post, comb, layer_input] = [&] {
+    MHC_SP_NVTX_PHASE("fused_entry/pre");
+    const Tensor own = split ? shard_tokens(a.x, g.rank, g.world) : a.x;
+    return mhc_pre_broadcast(own, a.fn, a.hc_scale, a.hc_base, a.norm_weight, s.rms_eps,
+                             s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult, s.sinkhorn_iters,
+                             s.norm_eps);
+  }();
+  if (split) {
+    zero_padding_rows({residual, post, comb}, a.sharded, T, g);
+    MHC_SP_NVTX_PHASE("fused_entry/gather");
+    layer_input = all_gather_rows(layer_input, T, g).contiguous();
+  }
+  return {residual, post, comb, layer_input};
+}
+
+LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g) {
+  const MhcScalars& s = a.s;
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_layer/reduce");
+    return reduce_partial(a.partial, a.sharded, a.num_tokens, g);
+  }();
+  auto [residual_out, post_out, comb_out, layer_input] = [&] {
+    MHC_SP_NVTX_PHASE("fused_layer/post_pre");
+    return mhc_post_pre(x, a.residual, a.post, a.comb, a.fn, a.hc_scale, a.hc_base, a.norm_weight,
+                        s.rms_eps, s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult,
+                        s.sinkhorn_iters, s.norm_eps);
+  }();
+  if (a.sharded && g.world > 1) {
+    zero_padding_rows({residual_out, post_out, comb_out}, a.sharded, a.num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_layer/gather");
+    layer_input = all_gather_rows(layer_input, a.num_tokens, g).contiguous();
+  }
+  return {residual_out, post_out, comb_out, layer_input};
+}
+
+HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g) {
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/reduce");
+    return reduce_partial(a.partial, a.sharded, a.num_tokens, g);
+  }();
+  auto [residual_out, hidden] = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/post_head");
+    Tensor stream = mhc_post(x, a.residual, a.post, a.comb);
+    Tensor collapsed = hc_head(stream, a.head_fn, a.head_scale, a.head_base, a.rms_eps, a.hc_eps);
+    return std::make_tuple(stream, collapsed);
+  }();
+  if (a.sharded && g.world > 1) {
+    zero_padding_rows({residual_out}, a.sharded, a.num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_head/gather");
+    hidden = all_gather_rows(hidden, a.num_tokens, g).contiguous();
+  }
+  return {hidden, residual_out};
+}
+
 Tensor shard_tokens(const Tensor& x, int64_t rank, int64_t world_size) {
   MHC_SP_NVTX_RANGE("shard_tokens");
   check_rows_tensor(x, "x");
@@ -186,22 +246,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
   const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
                                       sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(x.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_entry(EntryArgs{x, fn, hc_scale, hc_base, w, sc, rows, sharded});
-  }
-  const bool split = sharded && g.world > 1;
-  auto [residual, post, comb, layer_input] = [&] {
-    MHC_SP_NVTX_PHASE("fused_entry/pre");
-    const Tensor own = split ? shard_tokens(x, g.rank, g.world) : x;
-    return mhc_pre_broadcast(own, fn, hc_scale, hc_base, norm_weight, rms_eps, hc_pre_eps,
-                             hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  }();
-  if (split) {
-    zero_padding_rows({residual, post, comb}, sharded, T, g);
-    MHC_SP_NVTX_PHASE("fused_entry/gather");
-    layer_input = all_gather_rows(layer_input, T, g).contiguous();
-  }
-  return {residual, post, comb, layer_input};
+  const EntryArgs args{x, fn, hc_scale, hc_base, w, sc, rows, sharded};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_entry(args);
+  return composed_fused_entry(args, g);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
@@ -216,25 +263,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
   const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
                                       sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_layer(LayerArgs{partial, residual, post, comb, fn, hc_scale, hc_base,
-                                                  w, sc, s, sharded, num_tokens});
-  }
-  const Tensor x = [&] {
-    MHC_SP_NVTX_PHASE("fused_layer/reduce");
-    return reduce_partial(partial, sharded, num_tokens, g);
-  }();
-  auto [residual_out, post_out, comb_out, layer_input] = [&] {
-    MHC_SP_NVTX_PHASE("fused_layer/post_pre");
-    return mhc_post_pre(x, residual, post, comb, fn, hc_scale, hc_base, norm_weight, rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  }();
-  if (sharded && g.world > 1) {
-    zero_padding_rows({residual_out, post_out, comb_out}, sharded, num_tokens, g);
-    MHC_SP_NVTX_PHASE("fused_layer/gather");
-    layer_input = all_gather_rows(layer_input, num_tokens, g).contiguous();
-  }
-  return {residual_out, post_out, comb_out, layer_input};
+  const LayerArgs args{partial, residual, post, comb, fn, hc_scale, hc_base, w, sc, s, sharded,
+                       num_tokens};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_layer(args);
+  return composed_fused_layer(args, g);
 }
 
 std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& residual,
@@ -251,26 +283,10 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   TORCH_CHECK_VALUE(hc_eps >= 0, "hc_eps: expected a value >= 0, got ", hc_eps);
   check_scalars(rms_eps, hc_eps, 0.0, 1.0, 1, 1e-6);
   const c10::DeviceGuard guard(residual.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_head(HeadArgs{partial, residual, post, comb, head_fn, head_scale,
-                                                head_base, rms_eps, hc_eps, s, sharded, num_tokens});
-  }
-  const Tensor x = [&] {
-    MHC_SP_NVTX_PHASE("fused_head/reduce");
-    return reduce_partial(partial, sharded, num_tokens, g);
-  }();
-  auto [residual_out, hidden] = [&] {
-    MHC_SP_NVTX_PHASE("fused_head/post_head");
-    Tensor stream = mhc_post(x, residual, post, comb);
-    Tensor collapsed = hc_head(stream, head_fn, head_scale, head_base, rms_eps, hc_eps);
-    return std::make_tuple(stream, collapsed);
-  }();
-  if (sharded && g.world > 1) {
-    zero_padding_rows({residual_out}, sharded, num_tokens, g);
-    MHC_SP_NVTX_PHASE("fused_head/gather");
-    hidden = all_gather_rows(hidden, num_tokens, g).contiguous();
-  }
-  return {hidden, residual_out};
+  const HeadArgs args{partial, residual, post, comb, head_fn, head_scale, head_base, rms_eps,
+                      hc_eps, s, sharded, num_tokens};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_head(args);
+  return composed_fused_head(args, g);
 }
 
 }  // namespace mhc_sp

@@ -229,23 +229,35 @@ void SymmCommunicator::all_reduce(Tensor& out, const Tensor& in) {
   if (!collective(boundary::Op::kAllReduce, out, in)) fallback_->all_reduce(out, in);
 }
 
-std::optional<LayerOutputs> SymmCommunicator::fused_layer(const LayerTensors& in, const MhcScalars& s,
-                                                          bool sharded, int64_t num_tokens) {
-  const int64_t T = in.residual.size(0), H = in.residual.size(2);
-  if (num_tokens == 0 || T == 0 || H % 8 != 0) return std::nullopt;
-  if (sharded) {
-    CallHeader h{};
-    h.op = static_cast<uint32_t>(boundary::Op::kFusedLayer);
-    h.flags = boundary::kSharded;
-    h.rows = h.num_tokens = num_tokens;
-    h.inner = H;
-    h.elem_bytes = 2;
-    if (exchange_path(ws_->layout(), h) != Path::kExchange) return std::nullopt;
-  } else if (reduction_path(ws_->layout(), T, H, true) != Path::kLamport) {
-    return std::nullopt;  // the op composes all_reduce (symm) and mhc_post_pre
-  }
+bool SymmCommunicator::kernels_take(const LayerArgs& a) const {
+  const int64_t T = a.stream.T, H = a.stream.H;
+  if (a.num_tokens == 0 || T == 0 || H % 8 != 0) return false;
+  if (!a.sharded) return reduction_path(ws_->layout(), T, H, true) == Path::kLamport;
+  CallHeader h{};
+  h.op = static_cast<uint32_t>(boundary::Op::kFusedLayer);
+  h.flags = boundary::kSharded;
+  h.rows = h.num_tokens = a.num_tokens;
+  h.inner = H;
+  h.elem_bytes = 2;
+  return exchange_path(ws_->layout(), h) == Path::kExchange;
+}
+
+LayerOutputs SymmCommunicator::fused_layer(const LayerArgs& a) {
+  if (!kernels_take(a)) return composed_fused_layer(a, handle());
   ws_->check(group_);
-  return run_fused_layer({ws_.get()}, {in}, s, sharded, num_tokens, false, -1)[0];
+  const LayerTensors in{a.partial, a.residual, a.post, a.comb, a.fn, a.hc_scale, a.hc_base,
+                        a.norm_weight};
+  return run_fused_layer({ws_.get()}, {in}, a.s, a.sharded, a.num_tokens, false, -1)[0];
+}
+
+// The entry has no reduction and the head's collapse is small: both compose this transport's
+// collectives (the sharded head's reduce-scatter and gather run over the buffer).
+EntryOutputs SymmCommunicator::fused_entry(const EntryArgs& a) {
+  return composed_fused_entry(a, handle());
+}
+
+HeadOutputs SymmCommunicator::fused_head(const HeadArgs& a) {
+  return composed_fused_head(a, handle());
 }
 
 // ---- the single-GPU harness ------------------------------------------------------------------------

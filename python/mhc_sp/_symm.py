@@ -111,13 +111,15 @@ def init(
             f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
             f"{name!r} has {world}"
         )
-    info = [None] * world
-    dist.all_gather_object(info, (_host_key(), index), group=pg)
-    hosts, devices = [i[0] for i in info], [i[1] for i in info]
-    mine = unreachable_peers(rank, hosts, devices, torch.cuda.can_device_access_peer)
-    every = [None] * world
-    dist.all_gather_object(every, mine, group=pg)
-    chosen = choose(transport, every, name) if world <= _CONSTANTS["max_world"] else "nccl"
+    chosen = "nccl"
+    if transport != "nccl" and world <= _CONSTANTS["max_world"]:
+        info = [None] * world
+        dist.all_gather_object(info, (_host_key(), index), group=pg)
+        hosts, devices = [i[0] for i in info], [i[1] for i in info]
+        mine = unreachable_peers(rank, hosts, devices, torch.cuda.can_device_access_peer)
+        every = [None] * world
+        dist.all_gather_object(every, mine, group=pg)
+        chosen = choose(transport, every, name)
     uid = [_C.nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(uid, group=pg, group_src=0)
     if chosen == "nccl":

@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "mhc_sp/comm.h"
@@ -19,7 +18,6 @@
 namespace mhc_sp::symm {
 
 using at::Tensor;
-using LayerOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
 
 // fused_layer's tensor arguments on one rank, already checked by the op (norm_weight fp32).
 struct LayerTensors {
@@ -41,6 +39,8 @@ class SymmWorkspace {
   SymmWorkspace& operator=(const SymmWorkspace&) = delete;
 
   RankHandles handles(bool absent) const;
+  int64_t rank() const { return rank_; }
+  int64_t world() const { return world_; }
   const BufferLayout& layout() const { return layout_; }
   // What the kernels recorded (code 0: nothing failed). A host read, no device sync.
   ErrorRecord error() const;
@@ -71,21 +71,28 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
                     const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
                     int64_t num_tokens, bool simulated, int64_t absent);
 
-class SymmCommunicator final : public Communicator {
+// The group's transport for CUDA tensors. fused_layer runs the one-kernel boundaries when the call
+// fits them (replicated: the Lamport mailbox; sharded: a half); every other fused call is composed
+// from this transport's collectives and the math ops, and a collective that does not fit the
+// buffer (or reduces another dtype than bf16) goes to the NCCL communicator kept as the fallback.
+class SymmCommunicator final : public Communicator, public FusedBoundary {
  public:
   SymmCommunicator(std::string group, std::unique_ptr<SymmWorkspace> workspace,
                    std::unique_ptr<Communicator> fallback);
-  const char* transport() const { return "symm"; }  // what mhc_sp.distributed.transport() reports
+  const char* transport() const override { return "symm"; }
   void all_gather(Tensor& out, const Tensor& in) override;
   void reduce_scatter(Tensor& out, const Tensor& in) override;
   void all_reduce(Tensor& out, const Tensor& in) override;
-  // The fused boundary when this call fits the transport's kernels (nullopt: compose it).
-  std::optional<LayerOutputs> fused_layer(const LayerTensors& in, const MhcScalars& s, bool sharded,
-                                          int64_t num_tokens);
+  FusedBoundary* fused() override { return this; }
+  EntryOutputs fused_entry(const EntryArgs& a) override;
+  LayerOutputs fused_layer(const LayerArgs& a) override;
+  HeadOutputs fused_head(const HeadArgs& a) override;
   const SymmWorkspace& workspace() const { return *ws_; }
 
  private:
   bool collective(boundary::Op op, Tensor& out, const Tensor& in);
+  bool kernels_take(const LayerArgs& a) const;
+  GroupHandle handle() { return GroupHandle{ws_->rank(), ws_->world(), this}; }
   std::string group_;
   std::unique_ptr<SymmWorkspace> ws_;
   std::unique_ptr<Communicator> fallback_;  // NCCL
