@@ -3,7 +3,8 @@
 // `str group` argument. Each registered group has at most one transport per device type, fixed at
 // init: for CPU tensors the group's own gloo backend (csrc/transport/gloo.cpp) or a same-host
 // shared-memory workspace (csrc/transport/shm_*.cpp); for CUDA tensors an NCCL communicator
-// created by mhc_sp (csrc/cuda/nccl_comm.cpp). A world of one needs none ("local").
+// created by mhc_sp (csrc/cuda/nccl_comm.cpp) or a symmetric-memory workspace over the peers' GPU
+// buffers (csrc/cuda/symm_comm.cpp). A world of one needs none ("local").
 
 #include <ATen/ATen.h>
 
@@ -82,7 +83,7 @@ class FusedBoundary {
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  // "gloo", "shm", "nccl": what mhc_sp.distributed.transport() reports.
+  // "gloo", "shm", "nccl", "symm": what mhc_sp.distributed.transport() reports.
   virtual const char* transport() const = 0;
   // out (world * rows, ...) <- concatenation of every rank's in (rows, ...)
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;
@@ -100,6 +101,13 @@ struct GroupHandle {
   int64_t world;
   Communicator* comm;
 };
+
+// The boundary composed from the group's collectives (`g.comm`) and the math ops (csrc/sp_ops.cpp):
+// what the fused ops run when the transport has no one-pass boundary, and what a FusedBoundary
+// runs for calls it does not take itself.
+EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g);
+LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g);
+HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g);
 
 // Registers `name` (rank, world) and, when world > 1 and the group has a CPU backend, gloo as its
 // CPU transport. Idempotent: registering again with the same rank and world keeps the transports.
