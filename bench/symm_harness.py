@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from mhc_sp import reference as R  # sum_partials: the rank-order sum every transport makes
+
 N = 4  # hc_mult: V4
 TP = [1, 2, 4, 8]
 REPLICATED_T = [1, 2, 3, 7, 16]
@@ -95,14 +97,6 @@ class Run:
 
 
 # ---- references --------------------------------------------------------------------------------
-
-
-def rank_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """fp32 sum in rank order 0..tp-1 from +0 (so -0 inputs sum to +0), rounded once to bf16."""
-    acc = torch.zeros(parts[0].shape, dtype=torch.float32, device=parts[0].device)
-    for p in parts:
-        acc = acc + p.float()
-    return acc.to(torch.bfloat16)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -178,7 +172,7 @@ def check_replicated(sim, i, partials, T, cpu_reference: bool):
     from mhc_sp import ops
 
     outs = run_replicated(sim, i, partials, T)
-    x = rank_sum([p[:T] for p in partials])
+    x = R.sum_partials([p[:T] for p in partials])
     want = ops.mhc_post_pre(
         x, i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], i["norm_weight"]
     )
@@ -187,7 +181,6 @@ def check_replicated(sim, i, partials, T, cpu_reference: bool):
         for name, got, w in zip(names, out, want):
             expect_bitwise(f"rank {r} {name}", got, w)
     if cpu_reference:
-        from mhc_sp import reference as R
         from mhc_sp.testing import assert_close
 
         ref = R.mhc_post_pre(
@@ -206,14 +199,12 @@ def check_replicated(sim, i, partials, T, cpu_reference: bool):
 
 
 def sharded_inputs(i, tp, T):
-    from mhc_sp import reference as R
 
     return ([R.shard_tokens(i[k], r, tp) for r in range(tp)] for k in ("residual", "post", "comb"))
 
 
 def check_sharded(sim, i, partials, T, cpu_reference: bool):
     from mhc_sp import ops
-    from mhc_sp import reference as R
 
     tp = sim.world
     residuals, posts, combs = sharded_inputs(i, tp, T)
@@ -230,7 +221,7 @@ def check_sharded(sim, i, partials, T, cpu_reference: bool):
         T,
         *scalars(),
     )
-    x_full = rank_sum([p[:T] for p in partials])
+    x_full = R.sum_partials([p[:T] for p in partials])
     shard = ops.shard_rows(T, tp)
     gathered = []
     for r, (res_out, post_out, comb_out, layer_input) in enumerate(outs):
@@ -279,15 +270,17 @@ def check_collectives(sim, H, seed):
         xs = [
             torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)
         ]
+        for x in xs:
+            x[:, :16] = -0.0  # every rank -0: the sum is +0 (and -0 is the mailbox's marker)
         outs = sim.collective("all_reduce", xs)
-        want = rank_sum(xs)
+        want = R.sum_partials(xs)
         for r, o in enumerate(outs):
             expect_bitwise(f"all_reduce ({label}) rank {r}", o, want)
         details.append(f"all_reduce {label}")
     rows = 5 * tp
     xs = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)]
     outs = sim.collective("reduce_scatter", xs)
-    total = rank_sum(xs)
+    total = R.sum_partials(xs)
     for r, o in enumerate(outs):
         expect_bitwise(f"reduce_scatter rank {r}", o, total[r * 5 : (r + 1) * 5])
     xs = [torch.randn(7, H // 2, generator=g, device="cuda") for _ in range(tp)]  # fp32 rows
@@ -302,7 +295,6 @@ def check_collectives(sim, H, seed):
 def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
     """Two calls captured, replayed alternately on new inputs each time, each replay checked."""
     from mhc_sp import ops
-    from mhc_sp import reference as R
 
     tp = sim.world
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -361,7 +353,7 @@ def check_graphs(sim, H, T_pair, replays, seed, sharded: bool):
                 valid = max(0, min(res.shape[0], T - r * res.shape[0]))
                 res[valid:] = 0
         c["graph"].replay()
-        x_full = rank_sum([p[:T] for p in c["partials"]])
+        x_full = R.sum_partials([p[:T] for p in c["partials"]])
         for r in range(tp):
             x = R.shard_tokens(x_full, r, tp) if sharded else x_full
             want = ops.mhc_post_pre(

@@ -18,7 +18,7 @@ from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import ParallelConfig
 from mhc_sp.testing import random_inputs
-from test_sp_ops import partials_for, rank_order_sum
+from test_sp_ops import partials_for
 
 TIMEOUT_S = 4.0  # the workspace's timeout in these worlds: a stalled peer fails within it
 
@@ -62,7 +62,7 @@ def back_to_back(rank, world, group, calls=1000):
         res, post, comb = ((R.shard_tokens(i[k], rank, world) if sharded else i[k])
                            for k in ("residual", "post", "comb"))
         partials = partials_for(world, T, H, seed=call)
-        x = rank_order_sum(partials)
+        x = R.sum_partials(partials)
         if kind == "entry_sharded":
             proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
             got = ops.fused_entry(i["x"], *proj, group, True)

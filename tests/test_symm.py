@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mhc_sp.distributed as msd
 from mhc_sp import _C, _symm
+from mhc_sp import reference as R
 
 C = _C.symm_constants()
 PAGE = 4096
@@ -234,15 +236,50 @@ def test_harness_script_runs_to_its_no_gpu_exit():
     harness = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(harness)
     assert harness.parse_args(["--quick", "--budget-s", "5"]).quick
-    # fp32 rank-order sum from +0, one rounding: -0 inputs give +0 (the mailbox's empty marker)
-    parts = [
-        torch.tensor([-0.0, 1.0, 2.0**-9]).bfloat16(),
-        torch.tensor([-0.0, 2.0**-8, 2.0**-9]).bfloat16(),
-    ]
-    total = harness.rank_sum(parts)
-    assert (
-        total.view(torch.int16).tolist()
-        == torch.tensor([0.0, 1.0, 2.0**-8]).bfloat16().view(torch.int16).tolist()
-    )
     if not torch.cuda.is_available():
         assert harness.main(["--quick"]) == 2
+
+
+def test_reference_sum_starts_from_plus_zero():
+    # The rule of every transport (and of the mailbox, whose empty marker is -0): fp32 rank-order
+    # sum from +0, one rounding. -0 everywhere gives +0; 1 + 2^-8 + 2^-9 rounds once, not twice.
+    parts = [
+        torch.tensor([-0.0, 1.0, 2.0**-9, -0.0]).bfloat16(),
+        torch.tensor([-0.0, 2.0**-8, 2.0**-9, 0.0]).bfloat16(),
+    ]
+    total = R.sum_partials(parts)
+    want = torch.tensor([0.0, 1.0 + 2.0**-8, 2.0**-8, 0.0]).bfloat16()
+    assert total.view(torch.int16).tolist() == want.view(torch.int16).tolist()
+    assert R.sum_partials([torch.tensor([-0.0], dtype=torch.float64)]).item() == 0.0
+    assert not torch.signbit(R.sum_partials([torch.tensor([-0.0], dtype=torch.float64)])).item()
+
+
+def test_symm_is_a_cuda_transport_only():
+    assert msd.TRANSPORTS["cuda"] == ("auto", "symm", "nccl")
+    with pytest.raises(ValueError, match=r"^transport: 'symm' does not serve cpu tensors"):
+        msd.init(device="cpu", transport="symm")
+    with pytest.raises(ValueError, match=r"^transport: expected one of 'auto', 'symm', 'nccl'"):
+        msd.init(device="cuda", transport="ncl")
+
+
+def peer_gpus(world):
+    """True when `world` GPUs can each map every other's memory (what symm needs)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
+        return False
+    return all(torch.cuda.can_device_access_peer(a, b)
+               for a in range(world) for b in range(world) if a != b)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_ops_on_symm_match_reference(world):
+    # The production path (torch symmetric memory, one rank per GPU): every case of test_sp_ops,
+    # the sums bit for bit reference.sum_partials. Needs `world` GPUs with peer access.
+    if not peer_gpus(world):
+        pytest.skip(f"{world} GPUs with peer access needed")
+    from dist_harness import run_world
+    from test_sp_ops import boundary_cases, worker_fused_ops
+
+    results = run_world(world, worker_fused_ops, "cuda", "symm", backend="cpu:gloo,cuda:nccl",
+                        timeout=300)
+    assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
+    assert [d for _, d in results] == [results[0][1]] * world

@@ -49,17 +49,6 @@ void zero_rows_from(Tensor& t, int64_t from) {
   if (from < t.size(0)) t.narrow(0, from, t.size(0) - from).zero_();
 }
 
-// The rank-order sum (fp32 for reduced floats) of `count` elements at `parts[r]`, into dst.
-void sum_parts(void* dst, const std::vector<const uint8_t*>& parts, int64_t count,
-               at::ScalarType dtype) {
-  const auto opts = at::TensorOptions().dtype(dtype);
-  auto part = [&](size_t r) { return at::from_blob(const_cast<uint8_t*>(parts[r]), {count}, opts); };
-  const auto acc_type = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
-  Tensor acc = part(0).to(acc_type, /*non_blocking=*/false, /*copy=*/true);
-  for (size_t r = 1; r < parts.size(); ++r) acc.add_(part(r));
-  at::from_blob(dst, {count}, opts).copy_(acc);
-}
-
 BFloat16* bf16(uint8_t* p) { return reinterpret_cast<BFloat16*>(p); }
 const BFloat16* bf16(const uint8_t* p) { return reinterpret_cast<const BFloat16*>(p); }
 
@@ -106,9 +95,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
     call.publish();
     const int64_t shard_bytes = static_cast<int64_t>(out.nbytes());
-    std::vector<const uint8_t*> parts;
+    std::vector<const void*> parts;
     for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r) + ws_.rank() * shard_bytes);
-    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    rank_order_sum(out.data_ptr(), parts, out.numel(), in.scalar_type());
     call.finish();
   }
 
@@ -116,9 +105,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     Call call = ws_.start(bp::Op::kAllReduce, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
     copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
     call.publish();
-    std::vector<const uint8_t*> parts;
+    std::vector<const void*> parts;
     for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r));
-    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    rank_order_sum(out.data_ptr(), parts, out.numel(), in.scalar_type());
     call.finish();
   }
 

@@ -94,10 +94,12 @@ def shard_tokens(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def sum_partials(partials: list[torch.Tensor]) -> torch.Tensor:
-    """The ranks' tensors summed in fp32 in rank order 0, 1, ..., rounded once to their dtype."""
-    total = partials[0].float()
-    for p in partials[1:]:
-        total = total + p.float()
+    """The ranks' tensors summed in fp32 (fp64 for fp64) in rank order 0, 1, ..., starting from
+    +0, rounded once to their dtype. From +0: a position where every rank holds -0 sums to +0."""
+    acc_type = torch.float64 if partials[0].dtype == torch.float64 else torch.float32
+    total = torch.zeros(partials[0].shape, dtype=acc_type, device=partials[0].device)
+    for p in partials:
+        total = total + p.to(acc_type)
     return total.to(partials[0].dtype)
 
 

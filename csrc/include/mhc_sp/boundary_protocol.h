@@ -34,8 +34,10 @@
 //     own. All ranks see the same headers, so all of them detect a mismatch (different ops, token
 //     counts, shapes, or a rank that skipped a call) and fail; nobody reads rows laid out for a
 //     different call. Sizes come from the header (layout_for), never from the peer's data.
-//  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from rank
-//     0's value, and round once to the output type: every rank gets bitwise the same sum.
+//  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from +0,
+//     and round once to the output type: every rank gets bitwise the same sum. Starting from +0
+//     makes a position where every rank holds -0 sum to +0 (as it must where -0 is the symm
+//     mailbox's empty marker); every transport and mhc_sp.reference.sum_partials do the same.
 //     Rows at or past a call's real rows (padding) read as zeros and are never published.
 //  6. Errors. A wait is bounded by the group's timeout and fails early when a peer is known to be
 //     gone (CPU: its process no longer exists). The failing rank stores 1 + its rank into

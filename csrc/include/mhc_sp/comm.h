@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "mhc_sp/checks.h"
 #include "mhc_sp/scalars.h"
@@ -124,6 +125,12 @@ std::string group_transport(const std::string& name, c10::DeviceType device_type
 // The group `name` for a collective on tensor `t` (named `arg` in errors). ValueError when the
 // group is unknown to mhc_sp or has no transport for t's device.
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg);
+
+// dst <- the sum of `count` elements at each of parts[0], parts[1], ... (rank order) from +0, in
+// fp32 for bf16/fp16 data, rounded once to `dtype` (csrc/transport/rank_order_sum.cpp): the one
+// reduction rule of the CPU transports.
+void rank_order_sum(void* dst, const std::vector<const void*>& parts, int64_t count,
+                    at::ScalarType dtype);
 
 // CPU transports (csrc/transport/). Each is collective over the group: every rank calls it.
 std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name);

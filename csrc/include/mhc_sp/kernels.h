@@ -27,7 +27,7 @@ struct PostParams {
   const float* comb;         // (T, n, n)
   BFloat16* residual_out;    // (T, n, H)
   // CPU kernels only: when x_parts_count > 0, x is unused and row t of x is the fp32 sum of
-  // x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
+  // +0 + x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
   // boundary's reduction into the post: the parts are the ranks' partial rows in shared memory,
   // and the reduced x is never materialised.
   const BFloat16* const* x_parts = nullptr;  // x_parts_count pointers to (T, H) rows
