@@ -26,7 +26,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--tokens", type=int, default=37)
     ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--transport", default="auto", help="cpu: auto, shm, gloo; cuda: auto, nccl")
+    ap.add_argument("--transport", default="auto",
+                    help="cpu: auto, shm, gloo; cuda: auto, symm, nccl")
     args = ap.parse_args()
 
     if args.device == "cuda":

@@ -164,9 +164,9 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
     ``transport``: for cpu ``"auto"`` (shm when every rank is on this host, else gloo), ``"shm"``
     or ``"gloo"``; for cuda ``"auto"`` (symm when every rank can map every other rank's GPU
     memory, else nccl), ``"symm"`` or ``"nccl"``. ``timeout``: seconds (or a timedelta) an shm
-    op or a symm kernel waits for a peer; default: the process group's timeout. Calling ``init`` again (on
-    every rank) replaces the group's transport for that device. Returns the group's name, for
-    the ops' ``group`` argument.
+    op or a symm kernel waits for a peer; default: the process group's timeout. Calling ``init``
+    again (on every rank) replaces the group's transport for that device. Returns the group's
+    name, for the ops' ``group`` argument.
     """
     device_type = _device_type(device)
     transport = _check_transport(transport, device_type)
@@ -195,8 +195,8 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
 
 def transport(group: GroupLike = None, device: torch.device | str | None = None) -> str | None:
     """The transport ``group`` uses for tensors on ``device`` (default: cuda when available):
-    ``"shm"``, ``"gloo"``, ``"symm"``, ``"nccl"``, ``"local"`` for a world of one, or None when ``init`` set
-    none up for that device."""
+    ``"shm"``, ``"gloo"``, ``"symm"``, ``"nccl"``, ``"local"`` for a world of one, or None when
+    ``init`` set none up for that device."""
     return _C.group_transport(group_name(group), _device_type(device)) or None
 
 

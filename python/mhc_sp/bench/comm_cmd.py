@@ -84,7 +84,7 @@ def register(subparsers) -> None:
                    help="bytes: 'MIN:MAX' doubling, or a comma list (K/M/G suffixes)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--transport", default="auto",
-                   help="cpu: auto (shm on one host), shm, gloo; cuda: auto, nccl")
+                   help="cpu: auto (shm on one host), shm, gloo; cuda: auto, symm, nccl")
     add_common_args(p)
     p.set_defaults(func=run)
 

@@ -134,7 +134,7 @@ def add_layer_args(p, tokens=(16, 256, 4096), tp=(2,), hidden=4096) -> None:
     p.add_argument("--hc-mult", type=int, default=4)
     p.add_argument("--transport", type=transport_list, default=["auto"],
                    help="comma list, timed in one run: cpu: auto (shm on one host), shm, gloo; "
-                        "cuda: auto, nccl. Ratios x_<last> compare each with the last one")
+                        "cuda: auto, symm, nccl. Ratios x_<last> compare each with the last one")
     add_common_args(p)
 
 

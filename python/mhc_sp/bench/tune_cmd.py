@@ -57,8 +57,8 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu or cuda (default: cuda when available)")
     p.add_argument("--transport", default=None,
-                   help="how the ranks exchange data (cpu: auto, shm, gloo; cuda: auto, nccl; "
-                        "default: mhc_sp's automatic choice)")
+                   help="how the ranks exchange data (cpu: auto, shm, gloo; cuda: auto, symm, "
+                        "nccl; default: mhc_sp's automatic choice)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per rank (default: the cores shared out over the ranks)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default: 2)")
