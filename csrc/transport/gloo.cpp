@@ -3,9 +3,9 @@
 //
 // Reductions do not use gloo's own: its ring adds each chunk in an order that depends on the
 // chunk and the world (for 3 or more ranks not rank order), at the data's precision. gloo only
-// moves the data here: every rank gets each rank's part of its output (an all-to-all for
-// reduce_scatter, an all-gather for all_reduce) and adds the parts itself in rank order
-// (rank_order_sum, the rule of every transport).
+// moves the data here: an all-to-all brings every rank each rank's part of its share, which it
+// adds itself in rank order (rank_order_sum, the rule of every transport); all_reduce then
+// all-gathers the summed shares.
 
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -55,24 +55,38 @@ class GlooCommunicator final : public Communicator {
     pg_all_gather(*pg_, out, src)->wait();
   }
 
-  // Row block r of `received` is rank r's rows of this rank's shard.
   void reduce_scatter(Tensor& out, const Tensor& in) override {
-    const int64_t world = pg_->getSize(), count = out.numel();
-    Tensor src = in.reshape({-1});
-    Tensor received = at::empty({world * count}, in.options());
-    pg_all_to_all(*pg_, received, src)->wait();
-    rank_order_sum(out.data_ptr(), rank_parts(received, world, count), count, in.scalar_type());
+    sum_own_share(out, in.reshape({-1}));
   }
 
+  // The flattened input zero-padded to world equal shares: each rank sums its share, then the
+  // shares are gathered.
   void all_reduce(Tensor& out, const Tensor& in) override {
     const int64_t world = pg_->getSize(), count = in.numel();
+    const int64_t share = (count + world - 1) / world;
     Tensor src = in.reshape({-1});
-    Tensor gathered = at::empty({world * count}, in.options());
-    pg_all_gather(*pg_, gathered, src)->wait();
-    rank_order_sum(out.data_ptr(), rank_parts(gathered, world, count), count, in.scalar_type());
+    if (share * world != count) {
+      Tensor padded = at::zeros({share * world}, in.options());
+      padded.narrow(0, 0, count).copy_(src);
+      src = padded;
+    }
+    Tensor mine = at::empty({share}, in.options());
+    sum_own_share(mine, src);
+    Tensor gathered = at::empty({share * world}, in.options());
+    pg_all_gather(*pg_, gathered, mine)->wait();
+    out.view({-1}).copy_(gathered.narrow(0, 0, count));
   }
 
  private:
+  // out (share elements) <- the rank-order sum of every rank's share number `rank` of `flat`
+  // (world * share elements): the all-to-all brings rank r's part to block r of `received`.
+  void sum_own_share(Tensor& out, Tensor flat) {
+    const int64_t world = pg_->getSize(), share = out.numel();
+    Tensor received = at::empty({world * share}, flat.options());
+    pg_all_to_all(*pg_, received, flat)->wait();
+    rank_order_sum(out.data_ptr(), rank_parts(received, world, share), share, flat.scalar_type());
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
 };
 
