@@ -58,13 +58,39 @@ def parse_args(argv=None):
 
 
 class Run:
-    """Records checks and timings; `check` runs one named check, catching its failure."""
+    """Records checks and timings; `check` runs one named check, catching its failure. The JSON
+    is rewritten after every check and timing, so a run killed by its step's timeout (a kernel
+    that never returns) still leaves what it had."""
 
-    def __init__(self, budget_s: float):
+    def __init__(self, budget_s: float, json_path: Path | None, meta: dict):
         self.t0 = time.monotonic()
         self.budget_s = budget_s
+        self.json_path = json_path
+        self.meta = meta
         self.checks: list[dict] = []
         self.timings: list[dict] = []
+
+    def summary(self, complete: bool) -> dict:
+        return {
+            **self.meta,
+            "complete": complete,
+            "seconds": round(time.monotonic() - self.t0, 1),
+            "checks": self.checks,
+            "timings": self.timings,
+            "failed": sum(c["status"] == "failed" for c in self.checks),
+            "skipped": sum(c["status"] == "skipped" for c in self.checks),
+        }
+
+    def save(self, complete: bool = False) -> dict:
+        result = self.summary(complete)
+        if self.json_path:
+            self.json_path.parent.mkdir(parents=True, exist_ok=True)
+            self.json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        return result
+
+    def timing(self, row: dict):
+        self.timings.append(row)
+        self.save()
 
     def over_budget(self) -> bool:
         return self.budget_s > 0 and time.monotonic() - self.t0 > self.budget_s
@@ -91,6 +117,7 @@ class Run:
                     pass
             entry["seconds"] = round(time.monotonic() - t, 3)
         self.checks.append(entry)
+        self.save()
         mark = {"ok": "ok  ", "failed": "FAIL", "skipped": "skip"}[entry["status"]]
         extra = "" if entry["status"] == "ok" else f"  {entry['detail']}"
         print(f"[{mark}] {name} {info}{extra}", flush=True)
@@ -473,6 +500,18 @@ def half_bytes_for(tp, T_max, H):
     return max(need, 64 << 20)
 
 
+def check_replicated_sizes(run, sim, tp, H, seed):
+    for T in REPLICATED_T:
+        i, partials = layer_inputs(T, H, tp, seed + T)
+        run.check(
+            "replicated",
+            lambda: check_replicated(sim, i, partials, T, T <= 7),
+            tp=tp,
+            T=T,
+            H=H,
+        )
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -484,7 +523,13 @@ def main(argv=None) -> int:
     if not hasattr(_C, "SymmSimGroup"):
         print("symm_harness: mhc_sp was built without CUDA", file=sys.stderr)
         return 2
-    run = Run(args.budget_s)
+    meta = {
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "build_info": mhc_sp.build_info(),
+    }
+    run = Run(args.budget_s, args.json, meta)
     tps = [1, 2] if args.quick else TP
     hidden = [4096] if args.quick else HIDDEN
     sharded_big = [] if args.quick else [1000, 8192]
@@ -494,17 +539,8 @@ def main(argv=None) -> int:
         sim = _C.SymmSimGroup(
             tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, T_max, max(hidden)), WAIT_S
         )
-        for H in hidden:
-            for T in REPLICATED_T:
-                i, partials = layer_inputs(T, H, tp, args.seed + T)
-                run.check(
-                    "replicated",
-                    lambda: check_replicated(sim, i, partials, T, T <= 7),
-                    tp=tp,
-                    T=T,
-                    H=H,
-                )
-        H = hidden[-1]
+        H = hidden[-1]  # the other hidden sizes come after the timings
+        check_replicated_sizes(run, sim, tp, H, args.seed)
         for T in sorted({1, tp - 1, tp + 1, *sharded_big} - {0}):
             i, partials = layer_inputs(T, H, tp, args.seed + 100 + T, extra_rows=3)
             run.check(
@@ -529,30 +565,7 @@ def main(argv=None) -> int:
         run.check("collectives", lambda: check_collectives(sim, H, args.seed), tp=tp, H=H)
         run.check("no_errors_recorded", lambda: no_errors(sim), tp=tp)
         sim = None  # frees the simulated ranks' buffers before the next group
-    for tp in [t for t in tps if t > 1]:
-        run.check(
-            "timeout_replicated", lambda: check_timeout(tp, hidden[-1], args.seed, False), tp=tp
-        )
-        run.check("timeout_sharded", lambda: check_timeout(tp, hidden[-1], args.seed, True), tp=tp)
-
-    for tp in [t for t in tps if t > 1]:
-        sim = _C.SymmSimGroup(
-            tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, 1000, hidden[-1]), WAIT_S
-        )
-        run.check(
-            "graph_replicated",
-            lambda: check_graphs(sim, hidden[-1], (1, 7), args.graph_replays, args.seed, False),
-            tp=tp,
-        )
-        run.check(
-            "graph_sharded",
-            lambda: check_graphs(
-                sim, hidden[-1], (tp + 1, 100), max(2, args.graph_replays // 4), args.seed, True
-            ),
-            tp=tp,
-        )
-        sim = None  # frees the simulated ranks' buffers before the next group
-    # Times at H = 7168 (V4-Pro).
+    # Times at H = 7168 (V4-Pro), before the slower checks so that a tight budget keeps them.
     H = 7168 if not args.quick else hidden[-1]
     for tp in [1, 8] if not args.quick else [1, 2]:
         T_big = 8192 if not args.quick else 256
@@ -584,7 +597,7 @@ def main(argv=None) -> int:
             try:
                 median_us, min_us, how = time_graph(call)
             except Exception as e:
-                run.timings.append(dict(tp=tp, T=T, H=H, sharded=sharded, error=str(e)))
+                run.timing(dict(tp=tp, T=T, H=H, sharded=sharded, error=str(e)))
                 continue
             row = dict(
                 tp=tp,
@@ -615,34 +628,50 @@ def main(argv=None) -> int:
                     hbm_bytes_per_rank=local,
                     hbm_gbps_all_ranks=round(tp * local / (median_us * 1e-6) / 1e9, 1),
                 )
-            run.timings.append(row)
+            run.timing(row)
             print(f"[time] {row}", flush=True)
         sim = None  # frees the simulated ranks' buffers before the next group
 
-    failed = [c for c in run.checks if c["status"] == "failed"]
-    skipped = [c for c in run.checks if c["status"] == "skipped"]
-    result = {
-        "command": " ".join(sys.argv),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "build_info": mhc_sp.build_info(),
-        "seconds": round(time.monotonic() - run.t0, 1),
-        "checks": run.checks,
-        "timings": run.timings,
-        "failed": len(failed),
-        "skipped": len(skipped),
-    }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    for tp in tps:
+        if len(hidden) > 1:
+            sim = _C.SymmSimGroup(
+                tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, tp + 1, max(hidden)), WAIT_S
+            )
+            for H in hidden[:-1]:
+                check_replicated_sizes(run, sim, tp, H, args.seed)
+            sim = None
+    for tp in [t for t in tps if t > 1]:
+        run.check(
+            "timeout_replicated", lambda: check_timeout(tp, hidden[-1], args.seed, False), tp=tp
+        )
+        run.check("timeout_sharded", lambda: check_timeout(tp, hidden[-1], args.seed, True), tp=tp)
+
+    for tp in [t for t in tps if t > 1]:
+        sim = _C.SymmSimGroup(
+            tp, dev, MAILBOX_SLOT_BYTES, half_bytes_for(tp, 1000, hidden[-1]), WAIT_S
+        )
+        run.check(
+            "graph_replicated",
+            lambda: check_graphs(sim, hidden[-1], (1, 7), args.graph_replays, args.seed, False),
+            tp=tp,
+        )
+        run.check(
+            "graph_sharded",
+            lambda: check_graphs(
+                sim, hidden[-1], (tp + 1, 100), max(2, args.graph_replays // 4), args.seed, True
+            ),
+            tp=tp,
+        )
+        sim = None  # frees the simulated ranks' buffers before the next group
+    result = run.save(complete=True)
     print(
-        f"symm_harness: {len(run.checks)} checks, {len(failed)} failed, {len(skipped)} skipped, "
-        f"{result['seconds']} s",
+        f"symm_harness: {len(run.checks)} checks, {result['failed']} failed, "
+        f"{result['skipped']} skipped, {result['seconds']} s",
         flush=True,
     )
     for t in run.timings:
         print(f"  {t}")
-    return 1 if failed else 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":
