@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-command check on a GPU machine (torch, nvcc, pybind11, ninja and cmake installed; no
 # internet needed). From the repository root:
 #

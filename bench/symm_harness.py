@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Single-GPU check of the symm transport's kernels: tp simulated ranks in one process, one
 cooperative launch per kernel (gridDim.y = tp, rank = blockIdx.y), each rank with its own buffer
 and pointer table, through the same device code production runs (mhc_sp._C.SymmSimGroup).
@@ -12,7 +13,7 @@ Checks (each recorded in the JSON, pass or fail, a failure never stops the rest)
   a rank that never arrives: the others record a timeout naming it, and return.
 Correctness: every simulated rank's outputs are bitwise equal to each other's and to the CUDA
 mhc_post_pre of the fp32 rank-order sum of the partials (same kernels, same plan), and small
-cases match mhc_sp.reference on the CPU within DESIGN's tolerances.
+cases match mhc_sp.reference on the CPU within the design's tolerances.
 
 Times: CUDA-graph replays of one call, median of events, for T = 1 and 16 (replicated) and 8192
 (sharded) at H = 7168. All tp simulated ranks share the GPU, so a time is that of every rank
@@ -163,7 +164,7 @@ def layer_inputs(T: int, H: int, tp: int, seed: int, extra_rows: int = 0, zeros:
     i = random_inputs(T, N, H, seed=seed, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     partials = []
-    for r in range(tp):
+    for _r in range(tp):
         p = torch.randn(T + extra_rows, H, generator=g, device="cuda").to(torch.bfloat16)
         if extra_rows:
             p[T:] = 1e4  # garbage past num_tokens

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Collectives and fused boundary ops on real worlds of 2, 3 and 4 spawned ranks (4 ranks share
 the 2 cores of CI), every rank's outputs against mhc_sp.reference computed on the full tensors in
 one process. On CPU every case runs on both transports in the same world: shm (the group's
@@ -69,8 +70,12 @@ def boundary_cases(world):
     for T in sorted({0, 1, world - 1, world + 1, 7, 33, 1000}):
         for sharded in (True, False):
             cases.append((T, 0, 4, 64, sharded, True))
-    cases += [(13, 3, 4, 96, True, False), (10, (-10) % world, 2, 64, True, True),
-              (10, 2, 4, 64, False, True), (5, 0, 4, 40, True, True)]
+    cases += [
+        (13, 3, 4, 96, True, False),
+        (10, (-10) % world, 2, 64, True, True),
+        (10, 2, 4, 64, False, True),
+        (5, 0, 4, 40, True, True),
+    ]
     return cases
 
 
@@ -85,8 +90,9 @@ def run_case(rank, world, group, device, case_id, case):
     """Every fused op and collective of one case on `group`, checked against the reference.
     Returns this rank's outputs (on the CPU) by name."""
     T, extra, n, H, sharded, norm = case
-    tag = (f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} "
-           f"norm={norm}]")
+    tag = (
+        f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
+    )
     on = lambda t: t.to(device)  # noqa: E731
     cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
     i = random_inputs(T, n, H, seed=100 + case_id)
@@ -98,8 +104,9 @@ def run_case(rank, world, group, device, case_id, case):
 
     # fused_entry: the embedding output x is replicated.
     exp = R.fused_entry(i["x"], i["fn"], i["scale"], i["base"], w, world, sharded, CFG)[rank]
-    got = out["entry"] = cpu(ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group,
-                                             sharded))
+    got = out["entry"] = cpu(
+        ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group, sharded)
+    )
     assert torch.equal(got[0], exp[0]), tag + " entry residual"
     for name, a, b in zip(("post", "comb", "layer_input"), got[1:], exp[1:]):
         assert_close(a, b, f"{tag} entry {name}")
@@ -112,19 +119,54 @@ def run_case(rank, world, group, device, case_id, case):
     residuals = [stream_for(i["residual"], r, world, sharded) for r in range(world)]
     posts = [stream_for(i["post"], r, world, sharded) for r in range(world)]
     combs = [stream_for(i["comb"], r, world, sharded) for r in range(world)]
-    exp = R.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w,
-                        sharded, T, CFG)[rank]
-    got = out["layer"] = cpu(ops.fused_layer(on(partials[rank]), on(residuals[rank]),
-                                             on(posts[rank]), on(combs[rank]), d["fn"], d["scale"],
-                                             d["base"], dw, group, sharded, T))
+    exp = R.fused_layer(
+        partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w, sharded, T, CFG
+    )[rank]
+    got = out["layer"] = cpu(
+        ops.fused_layer(
+            on(partials[rank]),
+            on(residuals[rank]),
+            on(posts[rank]),
+            on(combs[rank]),
+            d["fn"],
+            d["scale"],
+            d["base"],
+            dw,
+            group,
+            sharded,
+            T,
+        )
+    )
     check_layer_outputs(got, exp, i, w, tag + " layer", pad)
 
     # fused_head
-    exp = R.fused_head(partials, residuals, posts, combs, i["head_fn"], i["head_scale"],
-                       i["head_base"], sharded, T, CFG.rms_eps, CFG.hc_eps)[rank]
-    got = out["head"] = cpu(ops.fused_head(on(partials[rank]), on(residuals[rank]), on(posts[rank]),
-                                           on(combs[rank]), d["head_fn"], d["head_scale"],
-                                           d["head_base"], group, sharded, T))
+    exp = R.fused_head(
+        partials,
+        residuals,
+        posts,
+        combs,
+        i["head_fn"],
+        i["head_scale"],
+        i["head_base"],
+        sharded,
+        T,
+        CFG.rms_eps,
+        CFG.hc_eps,
+    )[rank]
+    got = out["head"] = cpu(
+        ops.fused_head(
+            on(partials[rank]),
+            on(residuals[rank]),
+            on(posts[rank]),
+            on(combs[rank]),
+            d["head_fn"],
+            d["head_scale"],
+            d["head_base"],
+            group,
+            sharded,
+            T,
+        )
+    )
     assert_close(got[0], exp[0], tag + " head hidden")
     assert_close(got[1], exp[1], tag + " head residual_out")
     if pad is not None:
@@ -167,11 +209,11 @@ def check_rank_order_bitwise(rank, world, case, out, device):
     for a, b in zip(out["layer"][:3], alone[:3]):
         assert same_bits(a[:valid], b)
     start = rank * x.shape[0] if sharded else 0
-    assert same_bits(out["layer"][3][start:start + valid], alone[3])
+    assert same_bits(out["layer"][3][start : start + valid], alone[3])
     alone_post = run_on(device, ops.mhc_post, *stream)
     assert same_bits(out["head"][1][:valid], alone_post)
     hidden = run_on(device, ops.hc_head, alone_post, i["head_fn"], i["head_scale"], i["head_base"])
-    assert same_bits(out["head"][0][start:start + valid], hidden)
+    assert same_bits(out["head"][0][start : start + valid], hidden)
 
 
 def wide_partials(world, rows, H, seed):
@@ -209,10 +251,12 @@ def check_wide_range_sums(rank, world, group, device):
     assert same_bits(run_on(device, ops.reduce_scatter, partials[rank], group), shard)
     if device.type == "cpu":  # fp32 data, summed in fp32 (symm sums bf16; other dtypes go to NCCL)
         wide32 = [p.float() for p in partials]
-        assert same_bits(run_on(device, ops.all_reduce, wide32[rank], group),
-                         R.sum_partials(wide32))
-        assert same_bits(run_on(device, ops.reduce_scatter, wide32[rank], group),
-                         R.reduce_scatter(wide32)[rank])
+        assert same_bits(
+            run_on(device, ops.all_reduce, wide32[rank], group), R.sum_partials(wide32)
+        )
+        assert same_bits(
+            run_on(device, ops.reduce_scatter, wide32[rank], group), R.reduce_scatter(wide32)[rank]
+        )
     i = random_inputs(T, n, H, seed=32)
     proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
     head_w = (i["head_fn"], i["head_scale"], i["head_base"])
@@ -244,7 +288,11 @@ def worker_fused_ops(rank, world, device_type="cpu", transport="auto"):
 
     group = msd.init(device=device_type, transport=transport)
     assert msd.rank_and_world(group) == (rank, world)
-    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
     groups = {msd.transport(group, device_type): group}
     if device_type == "cpu":
         assert msd.transport(group, "cpu") == "shm"
@@ -300,12 +348,25 @@ def worker_compiled_boundary(rank, world):
     comb = R.shard_tokens(i["comb"], rank, world)
 
     def boundary(partial, residual, post, comb):
-        out = ops.fused_layer(partial, residual, post, comb, i["fn"], i["scale"], i["base"],
-                              i["norm_weight"], group, True, T)
+        out = ops.fused_layer(
+            partial,
+            residual,
+            post,
+            comb,
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            True,
+            T,
+        )
         return out[0], out[3] * 2
 
     compiled = torch.compile(boundary, fullgraph=True)
-    for a, b in zip(compiled(partials[rank], res, post, comb), boundary(partials[rank], res, post, comb)):
+    for a, b in zip(
+        compiled(partials[rank], res, post, comb), boundary(partials[rank], res, post, comb)
+    ):
         assert torch.equal(a, b)
     return True
 
@@ -324,15 +385,39 @@ def worker_wrong_shape(rank, world):
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
     if rank == 1:
         with pytest.raises(ValueError, match="^partial: expected size 64 at dim 1"):
-            ops.fused_layer(partial[:, :32].contiguous(), res, post, comb, i["fn"], i["scale"],
-                            i["base"], None, group, True, T)
+            ops.fused_layer(
+                partial[:, :32].contiguous(),
+                res,
+                post,
+                comb,
+                i["fn"],
+                i["scale"],
+                i["base"],
+                None,
+                group,
+                True,
+                T,
+            )
         with pytest.raises(ValueError, match=r"^residual: expected 2 rows"):
-            ops.fused_layer(partial, i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                            i["base"], None, group, True, T)
+            ops.fused_layer(
+                partial,
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                None,
+                group,
+                True,
+                T,
+            )
         return "raised"
     start = time.monotonic()
     with pytest.raises(RuntimeError):
-        ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T)
+        ops.fused_layer(
+            partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T
+        )
     return time.monotonic() - start
 
 
@@ -394,13 +479,38 @@ def test_world_of_one_without_torch_distributed():
     T, n, H = 5, 4, 64
     i = random_inputs(T, n, H, seed=8)
     for sharded in (True, False):
-        got = ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                              i["base"], i["norm_weight"], group, sharded, T)
-        exp = R.fused_layer([i["x"]], [i["residual"]], [i["post"]], [i["comb"]], i["fn"], i["scale"],
-                            i["base"], i["norm_weight"], sharded, T, CFG)[0]
+        got = ops.fused_layer(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            sharded,
+            T,
+        )
+        exp = R.fused_layer(
+            [i["x"]],
+            [i["residual"]],
+            [i["post"]],
+            [i["comb"]],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            sharded,
+            T,
+            CFG,
+        )[0]
         check_layer_outputs(got, exp, i, i["norm_weight"], f"world1 sharded={sharded}")
     x = torch.randn(6, 3)
-    assert torch.equal(ops.all_gather(x, group), x) and ops.all_gather(x, group).data_ptr() != x.data_ptr()
+    assert (
+        torch.equal(ops.all_gather(x, group), x)
+        and ops.all_gather(x, group).data_ptr() != x.data_ptr()
+    )
     assert torch.equal(ops.reduce_scatter(x, group), x)
     assert torch.equal(ops.all_reduce(x, group), x)
     with pytest.raises(ValueError, match=r"^num_tokens: expected -1 or a value in \[0, 6\]"):
@@ -408,21 +518,62 @@ def test_world_of_one_without_torch_distributed():
     with pytest.raises(ValueError, match=r"^rank: expected a value in \[0, 2\)"):
         ops.shard_tokens(x, 2, 2)
     with pytest.raises(ValueError, match=r"^num_tokens: expected a value in \[0, 5\]"):
-        ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
-                        None, group, True, 6)
+        ops.fused_layer(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            None,
+            group,
+            True,
+            6,
+        )
     with pytest.raises(TypeError, match="^x: expected dtype BFloat16"):
         ops.fused_entry(i["x"].float(), i["fn"], i["scale"], i["base"], None, group, True)
     with pytest.raises(ValueError, match=r"^fn: expected size 24 at dim 0"):
         ops.fused_entry(i["x"], i["head_fn"], i["scale"], i["base"], None, group, True)
     with pytest.raises(ValueError, match=r"^head_fn: expected size 4 at dim 0"):
-        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["head_scale"],
-                       i["head_base"], group, True, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["head_scale"],
+            i["head_base"],
+            group,
+            True,
+            T,
+        )
     with pytest.raises(ValueError, match=r"^head_scale: expected size 1"):
-        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["head_fn"], i["scale"],
-                       i["head_base"], group, True, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["head_fn"],
+            i["scale"],
+            i["head_base"],
+            group,
+            True,
+            T,
+        )
     with pytest.raises(ValueError, match=r"^residual: expected 5 rows"):
-        ops.fused_head(i["x"], i["residual"][:4].contiguous(), i["post"][:4].contiguous(),
-                       i["comb"][:4].contiguous(), i["head_fn"], i["head_scale"], i["head_base"], group, False, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"][:4].contiguous(),
+            i["post"][:4].contiguous(),
+            i["comb"][:4].contiguous(),
+            i["head_fn"],
+            i["head_scale"],
+            i["head_base"],
+            group,
+            False,
+            T,
+        )
     msd.destroy()
     with pytest.raises(ValueError, match="not initialised with mhc_sp"):
         ops.all_reduce(x, group)

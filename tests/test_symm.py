@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host-side logic of the CUDA symm transport, on CPU: the layout of a rank's buffer, which mailbox
 or half a call uses, which path a call takes, the peer pointer table's checks, the error text,
 and the transport choice (mhc_sp._symm). The kernels themselves run in bench/symm_harness.py on a
@@ -223,7 +224,9 @@ def test_byte_arguments_are_checked():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path runs in bench/symm_harness.py")
 def test_cuda_build_exposes_the_harness_without_a_gpu():
     # The CUDA build links the transport; creating a group needs a GPU and says so.
-    with pytest.raises(Exception):
+    with pytest.raises(
+        ValueError, match=r"^device: expected a CUDA device index in \[0, 0\), got 0"
+    ):
         _C.SymmSimGroup(2, 0, 4096, 8192, 1.0)
 
 
@@ -266,8 +269,12 @@ def peer_gpus(world):
     """True when `world` GPUs can each map every other's memory (what symm needs)."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < world:
         return False
-    return all(torch.cuda.can_device_access_peer(a, b)
-               for a in range(world) for b in range(world) if a != b)
+    return all(
+        torch.cuda.can_device_access_peer(a, b)
+        for a in range(world)
+        for b in range(world)
+        if a != b
+    )
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -279,7 +286,8 @@ def test_fused_ops_on_symm_match_reference(world):
     from dist_harness import run_world
     from test_sp_ops import boundary_cases, worker_fused_ops
 
-    results = run_world(world, worker_fused_ops, "cuda", "symm", backend="cpu:gloo,cuda:nccl",
-                        timeout=300)
+    results = run_world(
+        world, worker_fused_ops, "cuda", "symm", backend="cpu:gloo,cuda:nccl", timeout=300
+    )
     assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
     assert [d for _, d in results] == [results[0][1]] * world

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the symmetric-memory kernels (mhc_sp/cuda/symm.cuh) for production (one rank,
 // gridDim.y = 1) and the single-GPU harness (every simulated rank in one cooperative launch).
 // Everything is enqueued on the given stream; the only allocation is the pre's split-K workspace,
@@ -161,8 +162,8 @@ void collective(const std::vector<CollectiveCall>& ranks, bool lamport, bool sim
     }
     auto kernel = symm_lamport_sum_kernel<R>;
     const int64_t items = (c0.rows * c0.row_bytes + kSpanBytes - 1) / kSpanBytes;
-    launch(kernel, resident_grid(kernel, kCopyThreads, items, sims), sims, kCopyThreads, P, simulated,
-           false, stream);
+    launch(kernel, resident_grid(kernel, kCopyThreads, items, sims), sims, kCopyThreads, P,
+           simulated, false, stream);
     return;
   }
   CollectiveParams<R> P{};
@@ -180,8 +181,9 @@ void collective(const std::vector<CollectiveCall>& ranks, bool lamport, bool sim
     e.header.elem_bytes = 1;
     e.X = symm::exchange_layout(e.header, c.h.world);
     e.rows = c.rows;
-    e.valid = c.op == boundary::Op::kAllGather ? c.rows
-                                               : symm::shard_valid_rows(c.rows, c.h.world, c.h.rank);
+    e.valid = c.op == boundary::Op::kAllGather
+                  ? c.rows
+                  : symm::shard_valid_rows(c.rows, c.h.world, c.h.rank);
     r.in = static_cast<const uint8_t*>(c.in);
     r.out = static_cast<uint8_t*>(c.out);
   }
@@ -192,7 +194,9 @@ void collective(const std::vector<CollectiveCall>& ranks, bool lamport, bool sim
            simulated, false, stream);
   };
   switch (c0.op) {
-    case boundary::Op::kAllReduce: go(symm_reduce_kernel<boundary::Op::kAllReduce, R>, X.in_rows); break;
+    case boundary::Op::kAllReduce:
+      go(symm_reduce_kernel<boundary::Op::kAllReduce, R>, X.in_rows);
+      break;
     case boundary::Op::kReduceScatter:
       go(symm_reduce_kernel<boundary::Op::kReduceScatter, R>, X.in_rows);
       break;
@@ -213,7 +217,8 @@ void check_ranks(size_t ranks, bool simulated) {
 namespace mhc_sp::symm {
 
 // Production instantiates every hc_mult for one rank; the harness simulates V4 (n = 4) only.
-void launch_lamport_layer(const std::vector<LayerCall>& ranks, bool simulated, cudaStream_t stream) {
+void launch_lamport_layer(const std::vector<LayerCall>& ranks, bool simulated,
+                          cudaStream_t stream) {
   cuda::check_ranks(ranks.size(), simulated);
   if (simulated) {
     TORCH_CHECK(ranks[0].post.n == 4, "mhc_sp: the symm harness simulates hc_mult 4 only");
@@ -224,7 +229,8 @@ void launch_lamport_layer(const std::vector<LayerCall>& ranks, bool simulated, c
   });
 }
 
-void launch_sharded_layer(const std::vector<LayerCall>& ranks, bool simulated, cudaStream_t stream) {
+void launch_sharded_layer(const std::vector<LayerCall>& ranks, bool simulated,
+                          cudaStream_t stream) {
   cuda::check_ranks(ranks.size(), simulated);
   if (simulated) {
     TORCH_CHECK(ranks[0].post.n == 4, "mhc_sp: the symm harness simulates hc_mult 4 only");

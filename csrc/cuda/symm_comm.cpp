@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The symm transport for CUDA tensors: a rank's workspace over its symmetric-memory buffer (the
 // peer buffers come from torch symmetric memory at mhc_sp.distributed.init, see
 // python/mhc_sp/_symm.py), the communicator the ops call, and the single-GPU harness that runs
@@ -8,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -23,14 +25,18 @@ cudaStream_t current_stream(const Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
-bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+bool aligned16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+}
 
 // The kernels move 16-byte vectors: a misaligned view is copied (the path a call takes never
 // depends on addresses, which may differ between ranks, only on shapes).
-Tensor aligned(const Tensor& t) { return t.is_contiguous() && aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous); }
+Tensor aligned(const Tensor& t) {
+  return t.is_contiguous() && aligned16(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
 
-PreParams layer_pre_params(const LayerTensors& in, int64_t T, const MhcScalars& s, const Tensor& post_out,
-                           const Tensor& comb_out, BFloat16* layer_input) {
+PreParams layer_pre_params(const LayerTensors& in, int64_t T, const MhcScalars& s,
+                           const Tensor& post_out, const Tensor& comb_out, BFloat16* layer_input) {
   const int64_t n = in.residual.size(1), H = in.residual.size(2);
   return PreParams{T,
                    n,
@@ -56,13 +62,15 @@ SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptr
       world_(world),
       layout_(buffer_layout(world, mailbox_slot_bytes, half_bytes)),
       timeout_s_(timeout_s) {
-  TORCH_CHECK_VALUE(buffer_.is_cuda() && buffer_.scalar_type() == at::kByte && buffer_.is_contiguous(),
-                    "buffer: expected a contiguous uint8 CUDA tensor");
+  TORCH_CHECK_VALUE(
+      buffer_.is_cuda() && buffer_.scalar_type() == at::kByte && buffer_.is_contiguous(),
+      "buffer: expected a contiguous uint8 CUDA tensor");
   TORCH_CHECK_VALUE(buffer_.numel() >= layout_.total_bytes, "buffer: expected at least ",
                     layout_.total_bytes, " bytes for world ", world, ", got ", buffer_.numel());
-  TORCH_CHECK_VALUE(timeout_s > 0, "timeout: expected a positive number of seconds, got ", timeout_s);
-  const std::vector<int64_t> table = checked_peer_table(
-      peer_ptrs, rank, world, reinterpret_cast<int64_t>(buffer_.data_ptr()));
+  TORCH_CHECK_VALUE(timeout_s > 0, "timeout: expected a positive number of seconds, got ",
+                    timeout_s);
+  const std::vector<int64_t> table =
+      checked_peer_table(peer_ptrs, rank, world, reinterpret_cast<int64_t>(buffer_.data_ptr()));
   const c10::cuda::CUDAGuard guard(buffer_.device());
   const auto opts = buffer_.options();
   peers_ = at::tensor(table, at::kLong).to(buffer_.device());
@@ -126,7 +134,8 @@ void SymmWorkspace::check(const std::string& group) const {
   TORCH_CHECK(e.code == kNoError, "mhc_sp: ", describe_error(e, group, timeout_s_));
 }
 
-// ---- shared by production and the harness ----------------------------------------------------------
+// ---- shared by production and the harness
+// ----------------------------------------------------------
 
 bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op op,
                     const std::vector<Tensor>& outs, const std::vector<Tensor>& ins,
@@ -142,8 +151,8 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
   h.num_tokens = num_tokens;
   h.inner = row_bytes;
   h.elem_bytes = 1;
-  const bool lamport = op == boundary::Op::kAllReduce &&
-                       reduction_path(L, 1, in0.numel(), false) == Path::kLamport;
+  const bool lamport =
+      op == boundary::Op::kAllReduce && reduction_path(L, 1, in0.numel(), false) == Path::kLamport;
   if (!lamport && exchange_path(L, h) != Path::kExchange) return false;
   std::vector<CollectiveCall> calls;
   std::vector<Tensor> keep;
@@ -154,7 +163,8 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
     if (!dst.is_same(outs[i])) copy_back.emplace_back(dst, outs[i]);
     keep.push_back(src);
     calls.push_back(CollectiveCall{ranks[i]->handles(static_cast<int64_t>(i) == absent), op,
-                                   src.const_data_ptr(), dst.data_ptr(), rows, row_bytes, num_tokens});
+                                   src.const_data_ptr(), dst.data_ptr(), rows, row_bytes,
+                                   num_tokens});
   }
   launch_collective(calls, lamport, simulated, current_stream(in0));
   for (auto& [from, to] : copy_back) to.copy_(from);
@@ -162,9 +172,9 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
 }
 
 std::vector<LayerOutputs> run_fused_layer(const std::vector<const SymmWorkspace*>& ranks,
-                                          const std::vector<LayerTensors>& inputs, const MhcScalars& s,
-                                          bool sharded, int64_t num_tokens, bool simulated,
-                                          int64_t absent) {
+                                          const std::vector<LayerTensors>& inputs,
+                                          const MhcScalars& s, bool sharded, int64_t num_tokens,
+                                          bool simulated, int64_t absent) {
   std::vector<LayerCall> calls;
   std::vector<LayerOutputs> outs;
   std::vector<Tensor> keep;  // aligned copies, alive until the launch is enqueued
@@ -206,7 +216,8 @@ std::vector<LayerOutputs> run_fused_layer(const std::vector<const SymmWorkspace*
   return outs;
 }
 
-// ---- production communicator ---------------------------------------------------------------------
+// ---- production communicator
+// ---------------------------------------------------------------------
 
 SymmCommunicator::SymmCommunicator(std::string group, std::unique_ptr<SymmWorkspace> workspace,
                                    std::unique_ptr<Communicator> fallback)
@@ -245,8 +256,8 @@ bool SymmCommunicator::kernels_take(const LayerArgs& a) const {
 LayerOutputs SymmCommunicator::fused_layer(const LayerArgs& a) {
   if (!kernels_take(a)) return composed_fused_layer(a, handle());
   ws_->check(group_);
-  const LayerTensors in{a.partial, a.residual, a.post, a.comb, a.fn, a.hc_scale, a.hc_base,
-                        a.norm_weight};
+  const LayerTensors in{a.partial, a.residual, a.post,    a.comb,
+                        a.fn,      a.hc_scale, a.hc_base, a.norm_weight};
   return run_fused_layer({ws_.get()}, {in}, a.s, a.sharded, a.num_tokens, false, -1)[0];
 }
 
@@ -260,12 +271,16 @@ HeadOutputs SymmCommunicator::fused_head(const HeadArgs& a) {
   return composed_fused_head(a, handle());
 }
 
-// ---- the single-GPU harness ------------------------------------------------------------------------
+// ---- the single-GPU harness
+// ------------------------------------------------------------------------
 
 SymmSimGroup::SymmSimGroup(int64_t world, int64_t device, int64_t mailbox_slot_bytes,
                            int64_t half_bytes, double timeout_s) {
   TORCH_CHECK_VALUE(world >= 1 && world <= kMaxSimRanks, "world: the harness simulates 1 to ",
                     kMaxSimRanks, " ranks, got ", world);
+  const int64_t devices = c10::cuda::device_count();
+  TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected a CUDA device index in [0, ",
+                    devices, "), got ", device);
   const BufferLayout L = buffer_layout(world, mailbox_slot_bytes, half_bytes);
   const auto opts = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
   std::vector<int64_t> ptrs;
@@ -274,8 +289,8 @@ SymmSimGroup::SymmSimGroup(int64_t world, int64_t device, int64_t mailbox_slot_b
     ptrs.push_back(reinterpret_cast<int64_t>(buffers_.back().data_ptr()));
   }
   for (int64_t r = 0; r < world; ++r) {
-    ranks_.push_back(std::make_unique<SymmWorkspace>(buffers_[r], ptrs, r, world, mailbox_slot_bytes,
-                                                     half_bytes, timeout_s));
+    ranks_.push_back(std::make_unique<SymmWorkspace>(buffers_[r], ptrs, r, world,
+                                                     mailbox_slot_bytes, half_bytes, timeout_s));
   }
 }
 

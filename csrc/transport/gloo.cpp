@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The gloo transport: the group's own CPU backend (c10d::resolve_process_group). Every
 // collective waits for its work: gloo completes on its own threads.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reduction every CPU transport makes (boundary protocol rule 5, docs/design.md §3b): the
 // parts added in rank order into an accumulator that starts at +0 (fp32 for bf16/fp16, the data's
 // own type otherwise), rounded once to the data's type. Every rank that sums the same parts gets

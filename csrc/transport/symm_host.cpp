@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-side logic of the symm transport that needs no GPU: the pointer table's checks, which path
 // a call takes, and the text of a failed wait. Compiled in every build, so CPU tests cover it.
 
@@ -14,7 +15,8 @@ std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_
                                         int64_t world, int64_t local) {
   TORCH_CHECK_VALUE(world >= 1 && world <= kMaxWorld, "world: the symm transport takes 1 to ",
                     kMaxWorld, " ranks, got ", world);
-  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank: expected a value in [0, ", world, "), got ", rank);
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank: expected a value in [0, ", world, "), got ",
+                    rank);
   TORCH_CHECK_VALUE(static_cast<int64_t>(ptrs.size()) == world, "peer_ptrs: expected ", world,
                     " pointers (one per rank), got ", ptrs.size());
   std::unordered_set<int64_t> seen;
@@ -52,10 +54,11 @@ Path exchange_path(const BufferLayout& L, const CallHeader& h) {
 }
 
 std::string describe_error(const ErrorRecord& e, const std::string& group, double timeout_s) {
-  static const char* const kPhases[] = {"the Lamport mailbox", "the first barrier", "the second barrier"};
+  static const char* const kPhases[] = {"the Lamport mailbox", "the first barrier",
+                                        "the second barrier"};
   const char* phase = e.phase < 3 ? kPhases[e.phase] : "a wait";
-  const std::string where = c10::str("group '", group, "' (symm transport): rank ", e.rank, ", block ",
-                                     e.block, ", ", phase, " of epoch ", e.epoch);
+  const std::string where = c10::str("group '", group, "' (symm transport): rank ", e.rank,
+                                     ", block ", e.block, ", ", phase, " of epoch ", e.epoch);
   std::string what;
   switch (e.code) {
     case kTimeout:
@@ -63,8 +66,9 @@ std::string describe_error(const ErrorRecord& e, const std::string& group, doubl
                       timeout_s, " s) waiting for rank ", e.peer);
       break;
     case kMismatch:
-      what = c10::str("rank ", e.peer,
-                      " made a different call (another op, token count, hidden size or call order)");
+      what =
+          c10::str("rank ", e.peer,
+                   " made a different call (another op, token count, hidden size or call order)");
       break;
     case kPeerBroken:
       what = c10::str("gave up: rank ", e.peer, " had marked the workspace broken");

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Setup of the CUDA ``symm`` transport (used by :func:`mhc_sp.distributed.init`).
 
 Every rank allocates one buffer through torch symmetric memory, the group rendezvouses once (host

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Process groups for mhc_sp's collective and fused ops.
 
 The ops take a group *name* (``pg.group_name``; ``"0"`` is WORLD). A group must be registered
@@ -58,7 +59,9 @@ def group_name(group: GroupLike) -> str:
     if group is None:
         group = dist.group.WORLD
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got {type(group).__name__}")
+        raise TypeError(
+            f"group: expected a ProcessGroup, a group name or None, got {type(group).__name__}"
+        )
     return group.group_name
 
 
@@ -67,13 +70,15 @@ def _device_type(device) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device: expected a str, a torch.device or None, got "
-                        f"{type(device).__name__}")
+        raise TypeError(
+            f"device: expected a str, a torch.device or None, got {type(device).__name__}"
+        )
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device: expected 'cpu' or 'cuda' (optionally with an index), got "
-                         f"{device!r}") from None
+        raise ValueError(
+            f"device: expected 'cpu' or 'cuda' (optionally with an index), got {device!r}"
+        ) from None
     if dev.type not in TRANSPORTS:
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {str(dev)!r}")
     return dev.type
@@ -86,10 +91,14 @@ def _check_transport(transport, device_type: str) -> str:
     if transport not in allowed:
         known = sorted({t for ts in TRANSPORTS.values() for t in ts})
         if transport in known:
-            raise ValueError(f"transport: {transport!r} does not serve {device_type} tensors; for "
-                             f"device {device_type!r} use one of {', '.join(map(repr, allowed))}")
-        raise ValueError(f"transport: expected one of {', '.join(map(repr, allowed))} for device "
-                         f"{device_type!r}, got {transport!r}")
+            raise ValueError(
+                f"transport: {transport!r} does not serve {device_type} tensors; for "
+                f"device {device_type!r} use one of {', '.join(map(repr, allowed))}"
+            )
+        raise ValueError(
+            f"transport: expected one of {', '.join(map(repr, allowed))} for device "
+            f"{device_type!r}, got {transport!r}"
+        )
     return transport
 
 
@@ -135,8 +144,10 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
     dist.all_gather_object(hosts, _host_identity(), group=pg)
     elsewhere = [r for r, h in enumerate(hosts) if h != hosts[0]]
     if transport == "shm" and elsewhere:
-        raise ValueError(f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
-                         f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')")
+        raise ValueError(
+            f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
+            f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')"
+        )
     if transport == "gloo" or (transport == "auto" and elsewhere):
         _C.init_gloo_transport(name)
         return
@@ -146,18 +157,24 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
     _C.init_shm_transport(name, segment[0], seconds)
 
 
-def _init_cuda(pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str,
-               timeout) -> None:
+def _init_cuda(
+    pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str, timeout
+) -> None:
     if not hasattr(_C, "init_nccl_communicator"):
-        raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL "
-                         "communicator")
+        raise ValueError(
+            "device: mhc_sp was built without CUDA; it cannot create an NCCL communicator"
+        )
     dev = torch.device(device) if device is not None else torch.device("cuda")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     _symm.init(pg, name, rank, world, index, transport, _timeout_seconds(pg, timeout))
 
 
-def init(group: GroupLike = None, device: torch.device | str | None = None, transport: str = "auto",
-         timeout: float | timedelta | None = None) -> str:
+def init(
+    group: GroupLike = None,
+    device: torch.device | str | None = None,
+    transport: str = "auto",
+    timeout: float | timedelta | None = None,
+) -> str:
     """Register ``group`` (None = WORLD) with mhc_sp on this rank; collective over the group.
 
     ``device``: where the ops will run, ``"cpu"`` or ``"cuda"`` (default: cuda when available).
@@ -180,8 +197,9 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
     if isinstance(pg, str):
         pg = resolve(pg)
     if not isinstance(pg, ProcessGroup):
-        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got "
-                        f"{type(pg).__name__}")
+        raise TypeError(
+            f"group: expected a ProcessGroup, a group name or None, got {type(pg).__name__}"
+        )
     name = pg.group_name
     rank, world = dist.get_rank(pg), pg.size()
     _C.register_group(name, rank, world)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The boundary protocol: how the ranks of one group exchange a boundary's rows through memory
 // that every rank can load and store directly. The CPU shared-memory transport
@@ -83,12 +84,12 @@ enum Flags : uint32_t {
 };
 
 struct SegmentHeader {
-  uint64_t magic;           // kMagic, stored last by the creator (release)
-  uint32_t version;         // kVersion
-  uint32_t world;           // ranks
-  uint64_t half_bytes;      // bytes of one slot half (a multiple of kAlign)
-  uint64_t total_bytes;     // segment_bytes(world, half_bytes): the size every rank must see
-  uint32_t broken;          // 0, or 1 + the rank that marked the workspace broken
+  uint64_t magic;        // kMagic, stored last by the creator (release)
+  uint32_t version;      // kVersion
+  uint32_t world;        // ranks
+  uint64_t half_bytes;   // bytes of one slot half (a multiple of kAlign)
+  uint64_t total_bytes;  // segment_bytes(world, half_bytes): the size every rank must see
+  uint32_t broken;       // 0, or 1 + the rank that marked the workspace broken
   uint32_t reserved;
   char next_name[kNameBytes];  // growth: the name of the segment that replaces this one
 };

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
 // `str group` argument. Each registered group has at most one transport per device type, fixed at
@@ -66,12 +67,14 @@ struct HeadArgs {
   int64_t num_tokens;
 };
 
-using EntryOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual, post, comb, layer_input
-using LayerOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
-using HeadOutputs = std::tuple<Tensor, Tensor>;                   // hidden, residual_out
+using EntryOutputs =
+    std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual, post, comb, layer_input
+using LayerOutputs =
+    std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
+using HeadOutputs = std::tuple<Tensor, Tensor>;  // hidden, residual_out
 
 // A transport that runs a whole boundary (exchange, mHC math, gather) in one pass. Outputs follow
-// DESIGN §2 exactly, padding rows of the stream outputs included (zeros).
+// docs/design.md §2 exactly, padding rows of the stream outputs included (zeros).
 class FusedBoundary {
  public:
   virtual ~FusedBoundary() = default;
@@ -96,7 +99,8 @@ class Communicator {
   virtual FusedBoundary* fused() { return nullptr; }
 };
 
-// A registered group as seen by one op call: `comm` serves the call's device (null when world == 1).
+// A registered group as seen by one op call: `comm` serves the call's device (null when world ==
+// 1).
 struct GroupHandle {
   int64_t rank;
   int64_t world;
@@ -147,9 +151,10 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
 // then creates its communicator on `device` and attaches it to the registered group `name`.
 std::string nccl_unique_id();
 void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device);
-// The same communicator, returned instead of attached (the symm transport keeps it as its fallback).
+// The same communicator, returned instead of attached (the symm transport keeps it as its
+// fallback).
 std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
-                                                    const std::string& unique_id, int64_t device);
+                                                     const std::string& unique_id, int64_t device);
 #endif
 
 }  // namespace mhc_sp

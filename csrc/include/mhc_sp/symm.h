@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The symmetric-memory boundary (CUDA `symm` transport): where things sit in each rank's peer
 // buffer, which call uses which mailbox or half, and the records a failed wait leaves behind.
@@ -38,12 +39,12 @@ using boundary::Op;
 using boundary::shard_rows;
 using boundary::shard_valid_rows;
 
-constexpr int64_t kMaxWorld = 16;           // ranks of one symm group (one NVLink domain)
-constexpr int64_t kMaxBlocks = 1024;        // barrier slots per rank: grids never exceed it
-constexpr int64_t kMailboxes = 3;           // Lamport mailboxes (triple buffering)
-constexpr int64_t kLamportMaxTokens = 16;   // decode boundaries up to here use the mailbox
-constexpr int kMaxSimRanks = 8;             // ranks one launch can simulate (the harness)
-constexpr uint16_t kNegZeroBits = 0x8000;   // bf16 -0.0: "not arrived yet"
+constexpr int64_t kMaxWorld = 16;          // ranks of one symm group (one NVLink domain)
+constexpr int64_t kMaxBlocks = 1024;       // barrier slots per rank: grids never exceed it
+constexpr int64_t kMailboxes = 3;          // Lamport mailboxes (triple buffering)
+constexpr int64_t kLamportMaxTokens = 16;  // decode boundaries up to here use the mailbox
+constexpr int kMaxSimRanks = 8;            // ranks one launch can simulate (the harness)
+constexpr uint16_t kNegZeroBits = 0x8000;  // bf16 -0.0: "not arrived yet"
 
 // Default sizes: a mailbox slot holds 16 tokens of H = 8192 bf16; a half holds a sharded boundary
 // of 8192 tokens at H = 7168 for any world >= 2 (a call that needs more uses NCCL).
@@ -58,11 +59,11 @@ struct BufferLayout {
   int64_t mailbox_slot_bytes;  // one source's rows in one mailbox
   int64_t halves_offset;       // half[2][half_bytes]
   int64_t half_bytes;
-  int64_t total_bytes;         // what every rank must allocate
+  int64_t total_bytes;  // what every rank must allocate
 };
 
 MHC_SP_HOST_DEVICE constexpr BufferLayout buffer_layout(int64_t world, int64_t mailbox_slot_bytes,
-                                                       int64_t half_bytes) {
+                                                        int64_t half_bytes) {
   BufferLayout L{};
   L.world = world;
   L.flags_offset = kPage;  // page 0: boundary::SegmentHeader
@@ -74,7 +75,8 @@ MHC_SP_HOST_DEVICE constexpr BufferLayout buffer_layout(int64_t world, int64_t m
   return L;
 }
 
-MHC_SP_HOST_DEVICE constexpr int64_t flag_offset(const BufferLayout& L, int64_t block, int64_t src) {
+MHC_SP_HOST_DEVICE constexpr int64_t flag_offset(const BufferLayout& L, int64_t block,
+                                                 int64_t src) {
   return L.flags_offset + (block * L.world + src) * 8;
 }
 
@@ -97,13 +99,13 @@ MHC_SP_HOST_DEVICE constexpr int64_t half_offset(const BufferLayout& L, int64_t 
 
 // Where a barrier-exchanged call's data sits inside a half (offsets from the half's start).
 struct ExchangeLayout {
-  int64_t in_rows;         // rows each source pushes to each owner (the owner's shard)
-  int64_t out_rows;        // rows the owner publishes in `out`
+  int64_t in_rows;   // rows each source pushes to each owner (the owner's shard)
+  int64_t out_rows;  // rows the owner publishes in `out`
   int64_t row_bytes;
   int64_t landing_offset;  // source p's rows at landing_offset + p * landing_stride
   int64_t landing_stride;
   int64_t out_offset;
-  int64_t need;            // bytes of the half the call uses
+  int64_t need;  // bytes of the half the call uses
 };
 
 MHC_SP_HOST_DEVICE constexpr int64_t header_offset(int64_t src) { return src * kAlign; }
@@ -141,20 +143,21 @@ MHC_SP_HOST_DEVICE constexpr ExchangeLayout exchange_layout(const CallHeader& h,
 // Device-local state of one rank (ordinary device memory, zeroed at init). The call counters live
 // on the device, not the host, so that a captured CUDA graph advances them on every replay.
 struct LocalState {
-  uint64_t lamport_calls;   // Lamport calls completed: the next one uses mailbox_index(lamport_calls)
+  uint64_t
+      lamport_calls;  // Lamport calls completed: the next one uses mailbox_index(lamport_calls)
   uint64_t exchange_calls;  // barrier-exchanged calls completed: the next uses half_index(...)
-  uint32_t lamport_done;    // blocks of the running Lamport kernel that are done (last one advances)
-  uint32_t exchange_done;   // blocks of the exchange's last kernel that are done
-  uint32_t error_claim;     // the first failing thread of this rank sets it, then fills the record
-  uint32_t tile_counter;    // the fused decode finish's last-block counter (resets itself)
+  uint32_t lamport_done;   // blocks of the running Lamport kernel that are done (last one advances)
+  uint32_t exchange_done;  // blocks of the exchange's last kernel that are done
+  uint32_t error_claim;    // the first failing thread of this rank sets it, then fills the record
+  uint32_t tile_counter;   // the fused decode finish's last-block counter (resets itself)
   uint64_t epochs[kMaxBlocks];  // barrier epochs reached, per block index
 };
 
 enum ErrorCode : uint32_t {
   kNoError = 0,
-  kTimeout = 1,      // waited past the group's timeout for `peer`
-  kMismatch = 2,     // `peer`'s call header differs from this rank's (another op, size or call)
-  kPeerBroken = 3,   // another rank had already marked the workspace broken (1 + its rank: peer)
+  kTimeout = 1,     // waited past the group's timeout for `peer`
+  kMismatch = 2,    // `peer`'s call header differs from this rank's (another op, size or call)
+  kPeerBroken = 3,  // another rank had already marked the workspace broken (1 + its rank: peer)
 };
 
 // Written by the first failing thread of a rank into host-mapped memory (fields first, `code`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-side launch helpers shared by the CUDA translation units in csrc/cuda/ (one per op, so a
 // parallel build compiles the op instantiations concurrently). Included only from .cu files.
@@ -118,6 +119,5 @@ inline PreArgs pre_args(const PreParams& p) {
   a.out = bits(p.out);
   return a;
 }
-
 
 }  // namespace mhc_sp::cuda

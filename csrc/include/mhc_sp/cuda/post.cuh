@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// mhc_post (DESIGN §1): out[t,j,h] = post[t,j] * x[t,h] + sum_i comb[t,i,j] * residual[t,i,h].
-// Bandwidth-bound: every element of x and residual is read once (16-byte loads when the vector
-// path is allowed) and every output element written once; fp32 math, bf16 (RNE) out.
+// mhc_post (docs/design.md §1): out[t,j,h] = post[t,j] * x[t,h] + sum_i comb[t,i,j] *
+// residual[t,i,h]. Bandwidth-bound: every element of x and residual is read once (16-byte loads
+// when the vector path is allowed) and every output element written once; fp32 math, bf16 (RNE)
+// out.
 
 #include "mhc_sp/cuda/common.cuh"
 

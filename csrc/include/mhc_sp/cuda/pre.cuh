@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The mHC pre pipeline on CUDA (DESIGN §1 steps 1-5) for mhc_pre, mhc_post_pre,
+// The mHC pre pipeline on CUDA (docs/design.md §1 steps 1-5) for mhc_pre, mhc_post_pre,
 // mhc_pre_broadcast and hc_head.
 //
 // Work split. The projection mix = X @ fn^T (T x M, K = streams * H, M = n(n+2) or n) is a GEMM
@@ -13,9 +14,9 @@
 // (Sinkhorn in registers, mhc_sp/coefficients.h) and collapses the token's streams into the
 // bf16 layer input with the fused RMSNorm.
 //
-// Summation order (batch invariance, DESIGN §3b). A token's mix and sum of squares are added in
-// one order fixed by H alone: per HC-wide chunk (a leaf), the tensor-core dot products of 16
-// values each, added in IEEE fp32 k-step by k-step; the leaves then pairwise (LeafTree). A block
+// Summation order (batch invariance, docs/design.md §3b). A token's mix and sum of squares are
+// added in one order fixed by H alone: per HC-wide chunk (a leaf), the tensor-core dot products of
+// 16 values each, added in IEEE fp32 k-step by k-step; the leaves then pairwise (LeafTree). A block
 // covers an aligned power-of-two group of chunks, a subtree of that tree, and the finish adds the
 // blocks' subtrees in the same tree: so neither the token count, nor the split, nor the grid
 // changes a bit of any token's outputs (nor do CUDA-graph replays). The collapse's norm is summed
@@ -38,53 +39,54 @@
 
 namespace mhc_sp::cuda {
 
-constexpr int kTileTokens = 64;     // tokens per projection block: 4 warps x m16
-constexpr int kProjThreads = 128;   // 4 warps
-constexpr int kFusedMaxTokens = 16; // up to here post + pre run as a single launch
-constexpr int kFinishTokens = 4;    // tokens per finish-kernel block iteration
+constexpr int kTileTokens = 64;               // tokens per projection block: 4 warps x m16
+constexpr int kProjThreads = 128;             // 4 warps
+constexpr int kFusedMaxTokens = 16;           // up to here post + pre run as a single launch
+constexpr int kFinishTokens = 4;              // tokens per finish-kernel block iteration
 constexpr int kFinishThreads = kProjThreads;  // the collapse sums its norm over this many threads
-constexpr int kBlockLevels = 12;    // a block adds at most 2^(kBlockLevels - 1) chunks
-constexpr int kSplitLevels = 32;    // the finish adds any number of blocks' partials
+constexpr int kBlockLevels = 12;              // a block adds at most 2^(kBlockLevels - 1) chunks
+constexpr int kSplitLevels = 32;              // the finish adds any number of blocks' partials
 
 template <int N, Mode MODE>
 struct PreShape {
-  static constexpr int NS = MODE == Mode::Broadcast ? 1 : N;  // streams the projection reads
+  static constexpr int NS = MODE == Mode::Broadcast ? 1 : N;      // streams the projection reads
   static constexpr int M = MODE == Mode::Head ? N : N * (N + 2);  // fn rows
-  static constexpr int MP1 = M + 1;                              // + the sum of squares
-  static constexpr int NT8 = (M + 7) / 8;                        // n8 MMA tiles covering M
+  static constexpr int MP1 = M + 1;                               // + the sum of squares
+  static constexpr int NT8 = (M + 7) / 8;                         // n8 MMA tiles covering M
   // Hidden positions per staged chunk: a multiple of 16 (one MMA k-step never crosses streams),
   // about 128 staged k values in all.
   static constexpr int HC = (128 / NS) / 16 * 16 >= 16 ? (128 / NS) / 16 * 16 : 16;
-  static constexpr int KC = NS * HC;    // k values per chunk
-  static constexpr int LDX = KC + 8;    // padded row: A-fragment loads hit 32 distinct banks
+  static constexpr int KC = NS * HC;  // k values per chunk
+  static constexpr int LDX = KC + 8;  // padded row: A-fragment loads hit 32 distinct banks
   static constexpr int kStageBytes = kTileTokens * LDX * 2;
   static constexpr int kCoefs = MODE == Mode::PostPre ? kTileTokens * (N + N * N) : 1;
   // The fused finish reuses the staging buffer: mix sums, pre weights, reduction scratch.
   static constexpr int kFusedFinishBytes = (kFusedMaxTokens * (MP1 + N) + 32) * 4;
-  static_assert(kFusedFinishBytes <= kStageBytes, "fused finish scratch must fit the staging buffer");
+  static_assert(kFusedFinishBytes <= kStageBytes,
+                "fused finish scratch must fit the staging buffer");
   static_assert(HC % 16 == 0 && KC % 16 == 0, "MMA k-steps of 16");
 };
 
 struct PreArgs {
   int64_t T, H;
-  const uint16_t* src;         // Pre/Head: residual (T,N,H); PostPre: the post's input residual;
-                               // Broadcast: x (T,H)
-  const uint16_t* x;           // PostPre: the sublayer output x (T,H)
-  const float* post_in;        // PostPre: (T,N)
-  const float* comb_in;        // PostPre: (T,N,N)
-  uint16_t* stream_out;        // PostPre / Broadcast: residual_out (T,N,H)
-  const float* fn;             // (M, NS*H)
-  const float* scale;          // (3,) or (1,)
-  const float* base;           // (M,)
-  const float* norm_weight;    // (H,) or nullptr
+  const uint16_t* src;       // Pre/Head: residual (T,N,H); PostPre: the post's input residual;
+                             // Broadcast: x (T,H)
+  const uint16_t* x;         // PostPre: the sublayer output x (T,H)
+  const float* post_in;      // PostPre: (T,N)
+  const float* comb_in;      // PostPre: (T,N,N)
+  uint16_t* stream_out;      // PostPre / Broadcast: residual_out (T,N,H)
+  const float* fn;           // (M, NS*H)
+  const float* scale;        // (3,) or (1,)
+  const float* base;         // (M,)
+  const float* norm_weight;  // (H,) or nullptr
   MhcScalars s;
-  float* post;                 // (T,N) or nullptr (Head)
-  float* comb;                 // (T,N,N) or nullptr (Head)
-  uint16_t* out;               // (T,H)
-  float* ws;                   // partials: (tiles * splits, kTileTokens, MP1)
-  int* counters;               // fused launch only: one per tile
-  int splits;                  // blocks per token tile along H
-  int chunks_per_split;        // HC-wide chunks per block: a power of two (see LeafTree)
+  float* post;           // (T,N) or nullptr (Head)
+  float* comb;           // (T,N,N) or nullptr (Head)
+  uint16_t* out;         // (T,H)
+  float* ws;             // partials: (tiles * splits, kTileTokens, MP1)
+  int* counters;         // fused launch only: one per tile
+  int splits;            // blocks per token tile along H
+  int chunks_per_split;  // HC-wide chunks per block: a power of two (see LeafTree)
 };
 
 // Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
@@ -92,7 +94,8 @@ struct PreArgs {
 // rows on the fly. load<V> fills V widened values of token t at hidden position h.
 struct DirectX {
   template <int V>
-  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h, float (&xv)[V]) const {
+  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h,
+                                       float (&xv)[V]) const {
     Pack<V>::load(a.x + t * a.H + h).to_float(xv);
   }
 };
@@ -101,8 +104,8 @@ struct DirectX {
 // i * HC + hh), zero-filling tokens >= T and positions >= H. PostPre computes the post here
 // (writing residual_out) and stages its rounded output; Broadcast writes the n stream copies.
 template <int N, Mode MODE, int V, class XSrc>
-__device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0, uint16_t* Xs,
-                                            const float* coef_s, const XSrc& xsrc) {
+__device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0,
+                                            uint16_t* Xs, const float* coef_s, const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
   constexpr int kVecs = S::HC / V;
   const int64_t H = a.H;
@@ -384,7 +387,8 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
   if (threadIdx.x == 0) a.counters[tile] = 0;  // leave it zeroed (the launcher memsets it too)
   const int count = static_cast<int>(min(int64_t(kTileTokens), a.T - tile * kTileTokens));
   float* scratch = reinterpret_cast<float*>(stage_raw);  // the projection is done with Xs
-  finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch, scratch + kFusedMaxTokens * S::MP1,
+  finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch,
+                           scratch + kFusedMaxTokens * S::MP1,
                            scratch + kFusedMaxTokens * (S::MP1 + N));
 }
 

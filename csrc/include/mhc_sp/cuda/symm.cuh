@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device side of the symmetric-memory boundary (layout and rules: mhc_sp/symm.h). Every kernel
 // here takes R per-rank argument sets (a __grid_constant__ struct) and runs rank blockIdx.y's:
@@ -52,7 +53,9 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
 
 // Lamport vectors: V bf16 values moved as one relaxed system-scope access.
 template <int V>
@@ -70,8 +73,8 @@ struct Mail<8> {
     return m;
   }
   __device__ __forceinline__ void store(void* p) const {
-    asm volatile("st.relaxed.sys.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x), "r"(u.y),
-                 "r"(u.z), "r"(u.w)
+    asm volatile("st.relaxed.sys.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x),
+                 "r"(u.y), "r"(u.z), "r"(u.w)
                  : "memory");
   }
   __device__ __forceinline__ static Mail of(const Pack<8>& p) { return Mail{p.u}; }
@@ -129,11 +132,11 @@ struct Mail<1> {
 struct SymmRank {
   uint8_t* const* peers;
   int rank, world;
-  LocalState* state;    // device-local
-  ErrorRecord* error;   // host-mapped
+  LocalState* state;   // device-local
+  ErrorRecord* error;  // host-mapped
   uint64_t timeout_ns;
   BufferLayout L;
-  int absent;           // harness only: this simulated rank never arrives (never set in production)
+  int absent;  // harness only: this simulated rank never arrives (never set in production)
 };
 
 __device__ __forceinline__ uint8_t* own_buffer(const SymmRank& s) { return s.peers[s.rank]; }
@@ -267,7 +270,8 @@ struct LamportX {
   uint64_t call;
 
   template <int V>
-  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h, float (&xv)[V]) const {
+  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h,
+                                       float (&xv)[V]) const {
     sum<V>(t * a.H + h, xv);
   }
 
@@ -300,8 +304,9 @@ struct LamportX {
 // V) into slot [rank] of every peer's mailbox `mailbox` (same element offsets), starting with the
 // next rank so that the ranks do not all hit the same peer first.
 template <int V>
-__device__ __forceinline__ void lamport_push(const SymmRank& s, int64_t mailbox, const uint16_t* src,
-                                             int64_t ld, int64_t rows, int64_t h0, int64_t h1) {
+__device__ __forceinline__ void lamport_push(const SymmRank& s, int64_t mailbox,
+                                             const uint16_t* src, int64_t ld, int64_t rows,
+                                             int64_t h0, int64_t h1) {
   const int64_t per_row = (h1 - h0) / V;
   for (int k = 1; k <= s.world; ++k) {
     const int q = (s.rank + k) % s.world;
@@ -345,8 +350,8 @@ __global__ void __launch_bounds__(kProjThreads)
     const int64_t h1 = min(a.H, h0 + int64_t(a.chunks_per_split) * S::HC);
     lamport_push<V>(s, mailbox, R.partial, a.H, a.T, h0, h1);
   }
-  const LamportX xs{own_buffer(s) + symm::mailbox_slot_offset(s.L, mailbox, 0), s.L.mailbox_slot_bytes,
-                    &s, static_cast<int>(blockIdx.x), call};
+  const LamportX xs{own_buffer(s) + symm::mailbox_slot_offset(s.L, mailbox, 0),
+                    s.L.mailbox_slot_bytes, &s, static_cast<int>(blockIdx.x), call};
   for (int64_t item = blockIdx.x; item < R.items; item += gridDim.x) {
     project_block<N, Mode::PostPre, V>(a, true, item, xs);
   }
@@ -384,8 +389,8 @@ __global__ void __launch_bounds__(kCopyThreads)
   for (int64_t e0 = int64_t(blockIdx.x) * span; e0 < R.numel; e0 += int64_t(gridDim.x) * span) {
     lamport_push<V>(s, mailbox, R.in, 0, 1, e0, min(e0 + span, R.numel));
   }
-  const LamportX xs{own_buffer(s) + symm::mailbox_slot_offset(s.L, mailbox, 0), s.L.mailbox_slot_bytes,
-                    &s, static_cast<int>(blockIdx.x), call};
+  const LamportX xs{own_buffer(s) + symm::mailbox_slot_offset(s.L, mailbox, 0),
+                    s.L.mailbox_slot_bytes, &s, static_cast<int>(blockIdx.x), call};
   for (int64_t e0 = int64_t(blockIdx.x) * span; e0 < R.numel; e0 += int64_t(gridDim.x) * span) {
     const int64_t e = e0 + int64_t(threadIdx.x) * V;
     if (e < R.numel) {
@@ -397,15 +402,16 @@ __global__ void __launch_bounds__(kCopyThreads)
   end_call(&s.state->lamport_done, &s.state->lamport_calls);
 }
 
-// ---- barrier exchanges ---------------------------------------------------------------------------
+// ---- barrier exchanges
+// ---------------------------------------------------------------------------
 
 // One rank's part of a barrier-exchanged call (the half and layout of exchange_layout).
 struct ExchangeRank {
   SymmRank s;
   CallHeader header;  // this rank's header of the call (`call` and `epoch` filled in on the device)
   ExchangeLayout X;
-  int64_t rows;       // rows of the caller's input (partial / x)
-  int64_t valid;      // real rows of this rank's shard (shard_valid_rows)
+  int64_t rows;   // rows of the caller's input (partial / x)
+  int64_t valid;  // real rows of this rank's shard (shard_valid_rows)
 };
 
 // Block 0 writes this rank's header into headers[rank] of every peer (ordered by its barrier).
@@ -419,7 +425,8 @@ __device__ __forceinline__ void push_header(const ExchangeRank& E, uint64_t call
 }
 
 // Rule 4, after block 0's first barrier: every peer's header must equal this rank's.
-__device__ __forceinline__ void check_headers(const ExchangeRank& E, uint64_t call, uint64_t epoch) {
+__device__ __forceinline__ void check_headers(const ExchangeRank& E, uint64_t call,
+                                              uint64_t epoch) {
   if (blockIdx.x != 0 || threadIdx.x >= E.s.world) return;
   CallHeader mine = E.header;
   mine.call = call;
@@ -448,9 +455,9 @@ __device__ __forceinline__ const uint16_t* landing_row(const ExchangeRank& E, co
 // cover, elements [h0, h1) of each, into q's landing area (slot [rank]) of `call`'s half. Rows at
 // or past `rows` are padding: nothing is sent, the owner reads zeros.
 template <int V>
-__device__ __forceinline__ void push_shard_rows(const ExchangeRank& E, uint64_t call, const uint16_t* src,
-                                                int64_t inner, int64_t r0, int64_t r1, int64_t h0,
-                                                int64_t h1) {
+__device__ __forceinline__ void push_shard_rows(const ExchangeRank& E, uint64_t call,
+                                                const uint16_t* src, int64_t inner, int64_t r0,
+                                                int64_t r1, int64_t h0, int64_t h1) {
   const int64_t shard = E.X.in_rows;
   const int64_t per_row = (h1 - h0 + V - 1) / V;
   for (int k = 1; k <= E.s.world; ++k) {
@@ -473,7 +480,8 @@ struct LandingX {
   const uint8_t* half;
 
   template <int V>
-  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h, float (&xv)[V]) const {
+  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h,
+                                       float (&xv)[V]) const {
     float acc[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) acc[k] = 0.f;
@@ -557,7 +565,8 @@ __global__ void __launch_bounds__(kFinishThreads)
   for (int64_t g = block; g < groups; g += gridDim.x) {
     const int64_t t0 = g * kFinishTokens, t1 = min(shard, t0 + kFinishTokens);
     const int64_t real = max(int64_t(0), min(t1, E.valid) - t0);
-    if (real > 0) finish_group<N, Mode::PostPre, V>(a, t0, static_cast<int>(real), mix_s, pre_s, red);
+    if (real > 0)
+      finish_group<N, Mode::PostPre, V>(a, t0, static_cast<int>(real), mix_s, pre_s, red);
     for (int64_t t = t0 + real; t < t1; ++t) {  // padding rows of the stream outputs are zeros
       for (int k = threadIdx.x; k < N + N * N; k += blockDim.x) {
         if (k < N) {
@@ -581,8 +590,8 @@ __global__ void __launch_bounds__(kFinishThreads)
       const int p = (E.s.rank + k) % E.s.world;
       const int64_t end = min(t1, E.header.num_tokens - p * shard);
       if (end <= t0) continue;
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(
-          half_base(E.s, E.s.peers[p], call) + E.X.out_offset);
+      const uint16_t* src =
+          reinterpret_cast<const uint16_t*>(half_base(E.s, E.s.peers[p], call) + E.X.out_offset);
       for (int64_t u = threadIdx.x; u < (end - t0) * per_row; u += blockDim.x) {
         const int64_t t = t0 + u / per_row, h = (u % per_row) * V;
         Pack<V>::load_l2(src + t * H + h).store(R.gathered + (p * shard + t) * H + h);
@@ -592,9 +601,10 @@ __global__ void __launch_bounds__(kFinishThreads)
   end_call(&E.s.state->exchange_done, &E.s.state->exchange_calls);
 }
 
-// ---- plain collectives over the barrier exchange -------------------------------------------------
-// Rows are cut into spans of kSpanBytes; block b owns spans b, b + grid, ... in every phase, so
-// each barrier pairs block b of every rank with exactly the data block b moved.
+// ---- plain collectives over the barrier exchange
+// ------------------------------------------------- Rows are cut into spans of kSpanBytes; block b
+// owns spans b, b + grid, ... in every phase, so each barrier pairs block b of every rank with
+// exactly the data block b moved.
 
 struct CollectiveRank {
   ExchangeRank e;

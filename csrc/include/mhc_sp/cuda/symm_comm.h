@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The symm transport's host objects (csrc/cuda/symm_comm.cpp): a rank's workspace, the
 // communicator the ops use, and the single-GPU harness's group of simulated ranks.
@@ -61,9 +62,9 @@ class SymmWorkspace {
 // rank, `simulated` = one cooperative launch, rank `absent` never arriving when >= 0). Replicated
 // calls must fit the Lamport mailbox, sharded ones a half (reduction_path / exchange_path).
 std::vector<LayerOutputs> run_fused_layer(const std::vector<const SymmWorkspace*>& ranks,
-                                          const std::vector<LayerTensors>& inputs, const MhcScalars& s,
-                                          bool sharded, int64_t num_tokens, bool simulated,
-                                          int64_t absent);
+                                          const std::vector<LayerTensors>& inputs,
+                                          const MhcScalars& s, bool sharded, int64_t num_tokens,
+                                          bool simulated, int64_t absent);
 
 // A plain collective on every rank of `ranks` (same conventions); false when the call does not
 // fit the transport (the caller then uses another one).

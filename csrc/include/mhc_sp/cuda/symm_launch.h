@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host entry points of the symmetric-memory kernels (csrc/cuda/symm_boundary.cu), callable from
 // plain C++ (csrc/cuda/symm_comm.cpp). Each takes one entry per rank the launch runs: production
@@ -18,11 +19,11 @@ namespace mhc_sp::symm {
 struct RankHandles {
   uint8_t* const* peers;  // device array [world]: every rank's buffer as mapped here
   int rank, world;
-  LocalState* state;      // device memory
-  ErrorRecord* error;     // device address of a host-mapped record
+  LocalState* state;   // device memory
+  ErrorRecord* error;  // device address of a host-mapped record
   uint64_t timeout_ns;
   BufferLayout L;
-  int absent;             // harness: this simulated rank never arrives
+  int absent;  // harness: this simulated rank never arrives
 };
 
 // fused_layer on one rank. Replicated: T = num_tokens rows everywhere, layer_input (T, H).
