@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build mhc_sp's C++/CUDA extension (mhc_sp._C) with CMake + Ninja.
 
 Switches (environment):
@@ -65,7 +66,11 @@ def _default_arch_list(nvcc):
 
 def _arch_items(arch_list):
     # TORCH_CUDA_ARCH_LIST separates with ";", "," or spaces.
-    return [item.strip() for item in arch_list.replace(",", ";").replace(" ", ";").split(";") if item.strip()]
+    return [
+        item.strip()
+        for item in arch_list.replace(",", ";").replace(" ", ";").split(";")
+        if item.strip()
+    ]
 
 
 def _cuda_architectures(arch_list):
@@ -89,7 +94,9 @@ def _tool(module_name, binary):
     """The cmake / ninja of the pip packages when installed (the system's may be too old)."""
     try:
         module = __import__(module_name)
-        path = Path(getattr(module, "CMAKE_BIN_DIR" if module_name == "cmake" else "BIN_DIR")) / binary
+        path = (
+            Path(getattr(module, "CMAKE_BIN_DIR" if module_name == "cmake" else "BIN_DIR")) / binary
+        )
         if path.is_file():
             return str(path)
     except (ImportError, AttributeError):
@@ -119,7 +126,8 @@ class CMakeBuild(build_ext):
 
         nvcc = _cuda_decision(torch)
         arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or (
-            _default_arch_list(nvcc) if nvcc is not None else "")
+            _default_arch_list(nvcc) if nvcc is not None else ""
+        )
         torch_lib = Path(torch.__file__).parent / "lib"
         args = [
             f"-DMHC_SP_OUTPUT={out_path}",
@@ -131,7 +139,8 @@ class CMakeBuild(build_ext):
             f"-DMHC_SP_TORCH_VERSION={torch.__version__}",
             f"-DMHC_SP_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DCMAKE_BUILD_TYPE={'Debug' if os.environ.get('MHC_SP_DEBUG') == '1' else 'Release'}",
-            "-G", "Ninja",
+            "-G",
+            "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}",
         ]
         if nvcc is not None:
@@ -147,7 +156,8 @@ class CMakeBuild(build_ext):
             nccl = _nccl_dirs()
             if nccl is None:
                 raise RuntimeError(
-                    "CUDA build needs NCCL: pip install nvidia-nccl-cu13 (or -cu12 beside a CUDA 12 torch)"
+                    "CUDA build needs NCCL: pip install nvidia-nccl-cu13 "
+                    "(or -cu12 beside a CUDA 12 torch)"
                 )
             args += [f"-DMHC_SP_NCCL_INCLUDE={nccl[0]}", f"-DMHC_SP_NCCL_LIB={nccl[1]}"]
         else:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CPU benchmarks recorded in bench/results/ (the README quotes these files).
 # Run on an otherwise idle machine: bash bench/cpu_bench.sh
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-command check on a GPU machine (torch, nvcc, pybind11, ninja and cmake installed; no
 # internet needed). From the repository root:
 #
@@ -8,7 +9,8 @@
 # CUDA tests (against the reference and the golden data in tests/data, and any NCCL tests), tries
 # compute-sanitizer memcheck on a small case, runs the op benchmark (mhc-sp-bench ops --device
 # cuda), and leaves under $OUT (default bench/out): gpu_check.log (everything), summary.json (one
-# entry per step: status, seconds, exit code), bench.json, and the junit XML of the tests. Every
+# entry per step: status, seconds, exit code), symm_harness.json (the symm transport's simulated-
+# rank check), bench.json, and the junit XML of the tests. Every
 # step has its own timeout; the defaults add up to less than 8 minutes.
 set -uo pipefail
 
@@ -25,9 +27,10 @@ PY=${PYTHON:-$(command -v python3 || command -v python)}
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-170}
 T_INFO=${T_INFO:-20}
-T_TESTS=${T_TESTS:-100}
-T_SANITIZER=${T_SANITIZER:-40}
-T_BENCH=${T_BENCH:-120}
+T_TESTS=${T_TESTS:-80}
+T_SANITIZER=${T_SANITIZER:-30}
+T_SYMM=${T_SYMM:-60}
+T_BENCH=${T_BENCH:-100}
 
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -111,6 +114,11 @@ print("memcheck run complete")
 else
   skip sanitizer "compute-sanitizer not found"
 fi
+
+# The symm transport's kernels with simulated ranks on this one GPU (bench/symm_harness.py):
+# correctness against the CUDA ops and the reference, graph replays, timeouts, and times.
+step symm_harness "$T_SYMM" "$PY" bench/symm_harness.py --json "$OUT/symm_harness.json" \
+  --budget-s $((T_SYMM - 15))
 
 # The benchmark gets its own budget for new shapes, inside the step's hard timeout. Here the V4-Pro
 # hidden size against the eager reference (torch.compile per shape would not fit); the full sweep,

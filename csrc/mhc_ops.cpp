@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The mHC math ops: argument checks, output allocation, and a call into the kernel table of the
 // tensors' device. One implementation serves the CPU and the CUDA dispatch keys.
 
@@ -15,7 +16,8 @@ const KernelTable& kernels_for(const Tensor& t) {
 #if defined(MHC_SP_WITH_CUDA)
   if (t.is_cuda()) return cuda_kernels();
 #endif
-  TORCH_CHECK_VALUE(t.is_cpu(), "mhc_sp was built without CUDA support; got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.is_cpu(), "mhc_sp was built without CUDA support; got a tensor on ",
+                    t.device());
   return cpu_kernels();
 }
 
@@ -79,8 +81,8 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
   const StreamShape s = check_stream(residual, "residual");
   check_mhc_projection(fn, hc_scale, hc_base, s, residual, "residual");
   const auto w = check_norm_weight(norm_weight, s.H, residual, "residual");
-  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
-                                      sinkhorn_iters, norm_eps);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
   PreOutputs out = alloc_pre_outputs(s, residual);
   if (s.T > 0) {
@@ -108,8 +110,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_post_pre(
   const StreamShape s = check_post_inputs(x, residual, post, comb);
   check_mhc_projection(fn, hc_scale, hc_base, s, residual, "residual");
   const auto w = check_norm_weight(norm_weight, s.H, residual, "residual");
-  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
-                                      sinkhorn_iters, norm_eps);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
   Tensor residual_out = at::empty_like(residual);
   PreOutputs out = alloc_pre_outputs(s, residual);
@@ -132,21 +134,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_pre_broadcast(
   check_tensor(fn, "fn", at::kFloat, 2, "(n*(n+2), n * hidden)", x, "x");
   const int64_t H = x.size(1);
   const int64_t n = fn.size(1) / H;
-  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult, "fn: expected shape (n*(n+2), n*",
-                    H, ") for hc_mult n in [1, ", kMaxHcMult, "] and hidden ", H, " (from x), got ",
-                    shape_str(fn));
+  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult,
+                    "fn: expected shape (n*(n+2), n*", H, ") for hc_mult n in [1, ", kMaxHcMult,
+                    "] and hidden ", H, " (from x), got ", shape_str(fn));
   const StreamShape s{x.size(0), n, H};
   check_mhc_projection(fn, hc_scale, hc_base, s, x, "x");
   const auto w = check_norm_weight(norm_weight, s.H, x, "x");
-  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
-                                      sinkhorn_iters, norm_eps);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(x.device());
   Tensor residual_out = at::empty({s.T, s.n, s.H}, x.options());
   PreOutputs out = alloc_pre_outputs(s, x);
   if (s.T > 0) {
     // The n streams are identical, so X @ fn^T == x @ (sum over streams of fn)^T.
     const Tensor fn_summed = fn.view({s.mix_rows(), s.n, s.H}).sum(1);
-    kernels_for(x).mhc_pre_broadcast(x.const_data_ptr<BFloat16>(), residual_out.data_ptr<BFloat16>(),
+    kernels_for(x).mhc_pre_broadcast(x.const_data_ptr<BFloat16>(),
+                                     residual_out.data_ptr<BFloat16>(),
                                      pre_params(s, fn_summed, hc_scale, hc_base, w, sc, out));
   }
   return {residual_out, out.post, out.comb, out.layer_input};

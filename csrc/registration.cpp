@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // All op schemas (docs/design.md §2, the contract engines call), and the Python module mhc_sp._C.
 // One implementation per op serves the CPU and CUDA dispatch keys (registered below); fake
 // (meta) implementations live in python/mhc_sp/_fake.py.
@@ -99,6 +100,10 @@ TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
+namespace mhc_sp::symm {
+void bind(pybind11::module_& m);  // csrc/transport/symm_bindings.cpp
+}
+
 namespace {
 
 pybind11::dict build_info() {
@@ -148,21 +153,30 @@ PYBIND11_MODULE(_C, m) {
     const auto g = mhc_sp::registered_group(name);
     return pybind11::make_tuple(g.rank, g.world);
   });
-  m.def("group_transport", [](const std::string& name, const std::string& device_type) {
-    return mhc_sp::group_transport(name, c10::Device(device_type).type());
-  }, pybind11::arg("name"), pybind11::arg("device_type"));
-  m.def("init_gloo_transport", [](const std::string& name) {
-    mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1, mhc_sp::make_gloo_communicator(name));
-  }, pybind11::arg("name"));
+  m.def(
+      "group_transport",
+      [](const std::string& name, const std::string& device_type) {
+        return mhc_sp::group_transport(name, c10::Device(device_type).type());
+      },
+      pybind11::arg("name"), pybind11::arg("device_type"));
+  m.def(
+      "init_gloo_transport",
+      [](const std::string& name) {
+        mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1,
+                                    mhc_sp::make_gloo_communicator(name));
+      },
+      pybind11::arg("name"));
   m.def("new_shm_segment_name", &mhc_sp::new_shm_segment_name);
-  m.def("init_shm_transport",
-        [](const std::string& name, const std::string& segment, double timeout_s) {
-          const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-          pybind11::gil_scoped_release no_gil;  // waits for every rank to map the segment
-          mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1,
-                                      mhc_sp::make_shm_communicator(name, segment, timeout));
-        },
-        pybind11::arg("name"), pybind11::arg("segment"), pybind11::arg("timeout_s"));
+  m.def(
+      "init_shm_transport",
+      [](const std::string& name, const std::string& segment, double timeout_s) {
+        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        pybind11::gil_scoped_release no_gil;  // waits for every rank to map the segment
+        mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1,
+                                    mhc_sp::make_shm_communicator(name, segment, timeout));
+      },
+      pybind11::arg("name"), pybind11::arg("segment"), pybind11::arg("timeout_s"));
+  mhc_sp::symm::bind(m);
 #if defined(MHC_SP_WITH_CUDA)
   m.def("nccl_unique_id", [] { return pybind11::bytes(mhc_sp::nccl_unique_id()); });
   m.def("init_nccl_communicator",

@@ -1,8 +1,10 @@
-// Sequence-parallel collectives and the fused boundary ops (DESIGN §2). Device-generic: every
-// argument is checked here; then a transport that runs whole boundaries in one pass (the CPU shm
-// transport) takes the fused op, and otherwise the op is composed from the group's collectives
-// (gloo for CPU tensors, mhc_sp's NCCL communicator on the current stream for CUDA tensors) and
-// the math ops of mhc_ops.cpp. Nothing here synchronises with the host on CUDA.
+// SPDX-License-Identifier: Apache-2.0
+// Sequence-parallel collectives and the fused boundary ops (docs/design.md §2). Device-generic:
+// every argument is checked here; then a transport that runs whole boundaries in one pass (CPU shm,
+// CUDA symm) takes the fused op, and otherwise the op is composed from the group's collectives
+// (gloo for CPU tensors, NCCL on the current stream for CUDA tensors) and the math ops of
+// mhc_ops.cpp. The symm transport composes the same way the calls its kernels do not take. Nothing
+// here synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
@@ -69,8 +71,9 @@ Tensor all_gather_rows(const Tensor& x, int64_t num_tokens, const GroupHandle& g
 }
 
 void check_num_tokens(int64_t num_tokens, int64_t available, const char* rows_of) {
-  TORCH_CHECK_VALUE(num_tokens >= 0 && num_tokens <= available, "num_tokens: expected a value in [0, ",
-                    available, "] (rows of ", rows_of, "), got ", num_tokens);
+  TORCH_CHECK_VALUE(num_tokens >= 0 && num_tokens <= available,
+                    "num_tokens: expected a value in [0, ", available, "] (rows of ", rows_of,
+                    "), got ", num_tokens);
 }
 
 // The checks fused_layer and fused_head share: the stream, the partial against it, num_tokens,
@@ -86,22 +89,25 @@ std::pair<StreamShape, GroupHandle> check_boundary(const Tensor& partial, const 
   check_num_tokens(num_tokens, partial.size(0), "partial");
   const GroupHandle g = group_for(group, partial, "partial");
   const int64_t expected = sharded ? shard_rows(num_tokens, g.world) : num_tokens;
-  TORCH_CHECK_VALUE(s.T == expected, "residual: expected ", expected, " rows (",
-                    sharded ? "this rank's shard: ceil(num_tokens / world) = ceil(" : "num_tokens = ",
-                    num_tokens, sharded ? c10::str(" / ", g.world, ")") : std::string(), "), got shape ",
-                    shape_str(residual));
+  TORCH_CHECK_VALUE(
+      s.T == expected, "residual: expected ", expected, " rows (",
+      sharded ? "this rank's shard: ceil(num_tokens / world) = ceil(" : "num_tokens = ", num_tokens,
+      sharded ? c10::str(" / ", g.world, ")") : std::string(), "), got shape ",
+      shape_str(residual));
   check_post_comb(post, comb, s, residual, "residual");
   return {s, g};
 }
 
 // The reduced sublayer output this rank posts into its stream rows. Rows past num_tokens are
 // ignored (treated as zero) so the stream's padding rows stay zero.
-Tensor reduce_partial(const Tensor& partial, bool sharded, int64_t num_tokens, const GroupHandle& g) {
-  return sharded ? reduce_scatter_rows(partial, num_tokens, g) : all_reduce_rows(partial, num_tokens, g);
+Tensor reduce_partial(const Tensor& partial, bool sharded, int64_t num_tokens,
+                      const GroupHandle& g) {
+  return sharded ? reduce_scatter_rows(partial, num_tokens, g)
+                 : all_reduce_rows(partial, num_tokens, g);
 }
 
-// Rows of this rank's stream past its real tokens: zeros (DESIGN §2), whatever the math made of
-// them.
+// Rows of this rank's stream past its real tokens: zeros (docs/design.md §2), whatever the math
+// made of them.
 void zero_padding_rows(std::initializer_list<Tensor> outputs, bool sharded, int64_t num_tokens,
                        const GroupHandle& g) {
   if (!sharded) return;
@@ -123,6 +129,65 @@ Tensor summing_collective(const Tensor& x, const std::string& group,
 }
 
 }  // namespace
+
+// The MhcScalars go back to doubles for the math ops, which narrow them to the same floats.
+EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g) {
+  const MhcScalars& s = a.s;
+  const int64_t T = a.x.size(0);
+  const bool split = a.sharded && g.world > 1;
+  auto [residual, post, comb, layer_input] = [&] {
+    MHC_SP_NVTX_PHASE("fused_entry/pre");
+    const Tensor own = split ? shard_tokens(a.x, g.rank, g.world) : a.x;
+    return mhc_pre_broadcast(own, a.fn, a.hc_scale, a.hc_base, a.norm_weight, s.rms_eps,
+                             s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult, s.sinkhorn_iters,
+                             s.norm_eps);
+  }();
+  if (split) {
+    zero_padding_rows({residual, post, comb}, a.sharded, T, g);
+    MHC_SP_NVTX_PHASE("fused_entry/gather");
+    layer_input = all_gather_rows(layer_input, T, g).contiguous();
+  }
+  return {residual, post, comb, layer_input};
+}
+
+LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g) {
+  const MhcScalars& s = a.s;
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_layer/reduce");
+    return reduce_partial(a.partial, a.sharded, a.num_tokens, g);
+  }();
+  auto [residual_out, post_out, comb_out, layer_input] = [&] {
+    MHC_SP_NVTX_PHASE("fused_layer/post_pre");
+    return mhc_post_pre(x, a.residual, a.post, a.comb, a.fn, a.hc_scale, a.hc_base, a.norm_weight,
+                        s.rms_eps, s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult,
+                        s.sinkhorn_iters, s.norm_eps);
+  }();
+  if (a.sharded && g.world > 1) {
+    zero_padding_rows({residual_out, post_out, comb_out}, a.sharded, a.num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_layer/gather");
+    layer_input = all_gather_rows(layer_input, a.num_tokens, g).contiguous();
+  }
+  return {residual_out, post_out, comb_out, layer_input};
+}
+
+HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g) {
+  const Tensor x = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/reduce");
+    return reduce_partial(a.partial, a.sharded, a.num_tokens, g);
+  }();
+  auto [residual_out, hidden] = [&] {
+    MHC_SP_NVTX_PHASE("fused_head/post_head");
+    Tensor stream = mhc_post(x, a.residual, a.post, a.comb);
+    Tensor collapsed = hc_head(stream, a.head_fn, a.head_scale, a.head_base, a.rms_eps, a.hc_eps);
+    return std::make_tuple(stream, collapsed);
+  }();
+  if (a.sharded && g.world > 1) {
+    zero_padding_rows({residual_out}, a.sharded, a.num_tokens, g);
+    MHC_SP_NVTX_PHASE("fused_head/gather");
+    hidden = all_gather_rows(hidden, a.num_tokens, g).contiguous();
+  }
+  return {hidden, residual_out};
+}
 
 Tensor shard_tokens(const Tensor& x, int64_t rank, int64_t world_size) {
   MHC_SP_NVTX_RANGE("shard_tokens");
@@ -177,31 +242,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
   TORCH_CHECK_VALUE(H >= 1, "x: hidden size (dim 1) must be positive, got shape ", shape_str(x));
   check_tensor(fn, "fn", at::kFloat, 2, "(n*(n+2), n * hidden)", x, "x");
   const int64_t n = fn.size(1) / H;
-  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult, "fn: expected shape (n*(n+2), n*",
-                    H, ") for hc_mult n in [1, ", kMaxHcMult, "] and hidden ", H, " (from x), got ",
-                    shape_str(fn));
+  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult,
+                    "fn: expected shape (n*(n+2), n*", H, ") for hc_mult n in [1, ", kMaxHcMult,
+                    "] and hidden ", H, " (from x), got ", shape_str(fn));
   const StreamShape rows{sharded ? shard_rows(T, g.world) : T, n, H};
   check_mhc_projection(fn, hc_scale, hc_base, rows, x, "x");
   const auto w = check_norm_weight(norm_weight, H, x, "x");
-  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
-                                      sinkhorn_iters, norm_eps);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(x.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_entry(EntryArgs{x, fn, hc_scale, hc_base, w, sc, rows, sharded});
-  }
-  const bool split = sharded && g.world > 1;
-  auto [residual, post, comb, layer_input] = [&] {
-    MHC_SP_NVTX_PHASE("fused_entry/pre");
-    const Tensor own = split ? shard_tokens(x, g.rank, g.world) : x;
-    return mhc_pre_broadcast(own, fn, hc_scale, hc_base, norm_weight, rms_eps, hc_pre_eps,
-                             hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  }();
-  if (split) {
-    zero_padding_rows({residual, post, comb}, sharded, T, g);
-    MHC_SP_NVTX_PHASE("fused_entry/gather");
-    layer_input = all_gather_rows(layer_input, T, g).contiguous();
-  }
-  return {residual, post, comb, layer_input};
+  const EntryArgs args{x, fn, hc_scale, hc_base, w, sc, rows, sharded};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_entry(args);
+  return composed_fused_entry(args, g);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
@@ -213,28 +265,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
   const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
   check_mhc_projection(fn, hc_scale, hc_base, s, residual, "residual");
   const auto w = check_norm_weight(norm_weight, s.H, residual, "residual");
-  const MhcScalars sc = check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult,
-                                      sinkhorn_iters, norm_eps);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_layer(LayerArgs{partial, residual, post, comb, fn, hc_scale, hc_base,
-                                                  w, sc, s, sharded, num_tokens});
-  }
-  const Tensor x = [&] {
-    MHC_SP_NVTX_PHASE("fused_layer/reduce");
-    return reduce_partial(partial, sharded, num_tokens, g);
-  }();
-  auto [residual_out, post_out, comb_out, layer_input] = [&] {
-    MHC_SP_NVTX_PHASE("fused_layer/post_pre");
-    return mhc_post_pre(x, residual, post, comb, fn, hc_scale, hc_base, norm_weight, rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  }();
-  if (sharded && g.world > 1) {
-    zero_padding_rows({residual_out, post_out, comb_out}, sharded, num_tokens, g);
-    MHC_SP_NVTX_PHASE("fused_layer/gather");
-    layer_input = all_gather_rows(layer_input, num_tokens, g).contiguous();
-  }
-  return {residual_out, post_out, comb_out, layer_input};
+  const LayerArgs args{partial, residual, post, comb, fn,      hc_scale,
+                       hc_base, w,        sc,   s,    sharded, num_tokens};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_layer(args);
+  return composed_fused_layer(args, g);
 }
 
 std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& residual,
@@ -245,32 +282,16 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   MHC_SP_NVTX_RANGE("fused_head");
   // Checked here so that errors name fused_head's own arguments (hc_head would say "fn").
   check_projection(head_fn, "head_fn", head_scale, "head_scale", head_base, "head_base",
-                   check_stream(residual, "residual"), residual.size(1), "hc_mult rows for the head", 1,
-                   residual, "residual");
+                   check_stream(residual, "residual"), residual.size(1),
+                   "hc_mult rows for the head", 1, residual, "residual");
   const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
   TORCH_CHECK_VALUE(hc_eps >= 0, "hc_eps: expected a value >= 0, got ", hc_eps);
   check_scalars(rms_eps, hc_eps, 0.0, 1.0, 1, 1e-6);
   const c10::DeviceGuard guard(residual.device());
-  if (g.comm && g.comm->fused()) {
-    return g.comm->fused()->fused_head(HeadArgs{partial, residual, post, comb, head_fn, head_scale,
-                                                head_base, rms_eps, hc_eps, s, sharded, num_tokens});
-  }
-  const Tensor x = [&] {
-    MHC_SP_NVTX_PHASE("fused_head/reduce");
-    return reduce_partial(partial, sharded, num_tokens, g);
-  }();
-  auto [residual_out, hidden] = [&] {
-    MHC_SP_NVTX_PHASE("fused_head/post_head");
-    Tensor stream = mhc_post(x, residual, post, comb);
-    Tensor collapsed = hc_head(stream, head_fn, head_scale, head_base, rms_eps, hc_eps);
-    return std::make_tuple(stream, collapsed);
-  }();
-  if (sharded && g.world > 1) {
-    zero_padding_rows({residual_out}, sharded, num_tokens, g);
-    MHC_SP_NVTX_PHASE("fused_head/gather");
-    hidden = all_gather_rows(hidden, num_tokens, g).contiguous();
-  }
-  return {hidden, residual_out};
+  const HeadArgs args{partial,   residual, post,   comb, head_fn, head_scale,
+                      head_base, rms_eps,  hc_eps, s,    sharded, num_tokens};
+  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_head(args);
+  return composed_fused_head(args, g);
 }
 
 }  // namespace mhc_sp

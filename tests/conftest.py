@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 import importlib.util
 import os
 from pathlib import Path
@@ -17,10 +18,16 @@ if settings is not None:
     # "ci" (the default): fewer examples, fixed seeds so that a run can be repeated exactly, and
     # no per-example deadline (a shared machine's pauses are not failures). "dev": hypothesis'
     # own random search with more examples; pick it with HYPOTHESIS_PROFILE=dev.
-    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("dev", max_examples=300, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci",
+        max_examples=40,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "dev", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

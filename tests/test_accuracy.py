@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Projection accuracy (docs/design.md §3b): against a float64 evaluation of the same math, the
 CPU kernels' coefficients are no further off than those computed with torch's fp32 matmul of
 the same bf16 stream (``mhc_sp.reference``), and their bf16 outputs miss the correctly rounded
@@ -23,8 +24,8 @@ def float64_pre(residual, fn, scale, base):
     mix = (X @ fn.double().t()) * torch.rsqrt(X.square().mean(-1, keepdim=True) + CFG.rms_eps)
     s, b = scale.double(), base.double()
     pre = torch.sigmoid(mix[:, :n] * s[0] + b[:n]) + CFG.hc_pre_eps
-    post = torch.sigmoid(mix[:, n:2 * n] * s[1] + b[n:2 * n]) * CFG.hc_post_mult
-    logits = (mix[:, 2 * n:] * s[2] + b[2 * n:]).reshape(T, n, n)
+    post = torch.sigmoid(mix[:, n : 2 * n] * s[1] + b[n : 2 * n]) * CFG.hc_post_mult
+    logits = (mix[:, 2 * n :] * s[2] + b[2 * n :]).reshape(T, n, n)
     comb = R.sinkhorn(logits, CFG.sinkhorn_iters, CFG.hc_sinkhorn_eps)
     return post, comb, (pre.unsqueeze(-1) * residual.double()).sum(1)
 
@@ -69,4 +70,5 @@ def test_projection_error_is_at_most_torch_matmul_error():
         # a few misses either way are rounding luck: allow 1 in 10^4 values beyond the margin
         slack = values[k] // 10_000
         assert m["ours"] <= MARGIN * m["torch"] + slack, (
-            f"{k}: {m['ours']} of {values[k]} values not correctly rounded vs {m['torch']} (torch)")
+            f"{k}: {m['ours']} of {values[k]} values not correctly rounded vs {m['torch']} (torch)"
+        )

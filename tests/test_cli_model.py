@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``mhc-sp-bench model``: spawned gloo ranks and torchrun, MTP draft steps with their own SP
 decisions, --check of every step against tp=1, configuration and usage errors."""
 
@@ -16,8 +17,17 @@ PYTHON_DIR = str(Path(__file__).resolve().parents[1] / "python")
 
 def bench(*argv, torchrun=0, timeout=180):
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc-per-node={torchrun}"] if torchrun else [sys.executable])
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={torchrun}",
+        ]
+        if torchrun
+        else [sys.executable]
+    )
     cmd = launcher + ["-m", "mhc_sp.bench", "model", *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -29,19 +39,42 @@ def max_abs_diff(stdout):
 
 
 def test_tp2_pp2_under_torchrun_with_two_draft_steps_and_check():
-    r = bench("-tp", "2", "-pp", "2", "--tokens", "9", "--sp-threshold", "4", "--num-layers", "2",
-              "--num-speculative-tokens", "2", "--requests", "2", "--check", "--iters", "1",
-              torchrun=4)
+    r = bench(
+        "-tp",
+        "2",
+        "-pp",
+        "2",
+        "--tokens",
+        "9",
+        "--sp-threshold",
+        "4",
+        "--num-layers",
+        "2",
+        "--num-speculative-tokens",
+        "2",
+        "--requests",
+        "2",
+        "--check",
+        "--iters",
+        "1",
+        torchrun=4,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"^tokens=9 padded=10", r.stdout, re.M)) == 1  # one rank reports
     assert "SP engaged: yes (token-sharded: 5 stream rows per rank)" in r.stdout
     # Each draft step plans its own forward: all 9 rows (sharded), then one row per request.
     assert "MTP draft step 0: tokens=9 padded=10 SP engaged: yes" in r.stdout
     assert "MTP draft step 1: tokens=2 padded=2 SP engaged: no\n" in r.stdout
-    assert re.search(r"stage 0: embed [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
-                     r"pp_send [\d.]+", r.stdout)
-    assert re.search(r"stage 1: pp_recv [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
-                     r"lm_head [\d.]+  mtp [\d.]+", r.stdout)
+    assert re.search(
+        r"stage 0: embed [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
+        r"pp_send [\d.]+",
+        r.stdout,
+    )
+    assert re.search(
+        r"stage 1: pp_recv [\d.]+  boundary [\d.]+  attention [\d.]+  moe [\d.]+  "
+        r"lm_head [\d.]+  mtp [\d.]+",
+        r.stdout,
+    )
     assert 0 < max_abs_diff(r.stdout) < 0.1 and "check: PASS" in r.stdout
     for name in ("logits", "draft step 0", "draft step 1"):
         assert re.search(rf"^  {name}: max_abs_diff [\d.e-]+ \(tolerance", r.stdout, re.M), name
@@ -53,23 +86,49 @@ def test_check_exits_nonzero_above_tolerance(monkeypatch, capsys):
     import mhc_sp.runner
 
     monkeypatch.setattr(mhc_sp.runner, "logits_tolerance", lambda layers, ref: -1.0)
-    code = cli.main(["model", "--tokens", "5", "--num-layers", "1", "--hidden-size", "64",
-                     "--num-speculative-tokens", "2", "--check", "--iters", "1", "--warmup", "0"])
+    code = cli.main(
+        [
+            "model",
+            "--tokens",
+            "5",
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "64",
+            "--num-speculative-tokens",
+            "2",
+            "--check",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1, out
     assert "check: FAIL" in out and max_abs_diff(out) == 0.0
     assert "  draft step 1: max_abs_diff 0 (tolerance -1)" in out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "8"],
-     "sp_threshold=8 must be greater than max_cudagraph_capture_size=8"),
-    (["-tp", "2", "--sp-threshold", "16", "--moe-backend", "capacity"],
-     "moe_backend='capacity' does not support sequence parallelism"),
-    (["-tp", "5"], "model.num_heads=12 must be divisible by tensor_parallel_size=5"),
-    (["-pp", "3", "--num-layers", "2"], "model.num_layers=2 must be >= pipeline_parallel_size=3"),
-    (["--tokens", "4", "--requests", "5"], "--requests 5 must be <= --tokens 4"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "8"],
+            "sp_threshold=8 must be greater than max_cudagraph_capture_size=8",
+        ),
+        (
+            ["-tp", "2", "--sp-threshold", "16", "--moe-backend", "capacity"],
+            "moe_backend='capacity' does not support sequence parallelism",
+        ),
+        (["-tp", "5"], "model.num_heads=12 must be divisible by tensor_parallel_size=5"),
+        (
+            ["-pp", "3", "--num-layers", "2"],
+            "model.num_layers=2 must be >= pipeline_parallel_size=3",
+        ),
+        (["--tokens", "4", "--requests", "5"], "--requests 5 must be <= --tokens 4"),
+    ],
+)
 def test_config_errors_exit_2_with_the_message(argv, message, capsys):
     assert cli.main(["model", *argv]) == 2
     captured = capsys.readouterr()
@@ -82,18 +141,31 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     assert cli.main(["model", "-tp", "2"]) == 2
-    assert ("error: tensor_parallel_size=2 x pipeline_parallel_size=1 needs 2 ranks, but the world "
-            "has 1") in capsys.readouterr().err
+    assert (
+        "error: tensor_parallel_size=2 x pipeline_parallel_size=1 needs 2 ranks, but the world "
+        "has 1"
+    ) in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
-    (["--sp-threshold", "-1"], "argument --sp-threshold: expected a positive integer, got '-1'"),
-    (["--sp-threshold", "lots"],
-     "argument --sp-threshold: expected a positive integer, got 'lots'"),
-    (["-tp", "two"], "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'"),
-    (["--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
+        (
+            ["--sp-threshold", "-1"],
+            "argument --sp-threshold: expected a positive integer, got '-1'",
+        ),
+        (
+            ["--sp-threshold", "lots"],
+            "argument --sp-threshold: expected a positive integer, got 'lots'",
+        ),
+        (
+            ["-tp", "two"],
+            "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'",
+        ),
+        (["--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
+    ],
+)
 def test_impossible_flag_values_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["model", *argv])

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every configuration rule (parallel sizes, sp_threshold against CUDA graphs and the compile pass,
 the MoE backend rule, the model's shape rules), with the messages."""
 
@@ -5,19 +6,32 @@ import dataclasses
 
 import pytest
 
-from mhc_sp.config import (CompilationConfig, EngineConfig, MhcConfig, ModelConfig,
-                           MOE_BACKEND_SUPPORTS_SP, ParallelConfig, PassConfig)
+from mhc_sp.config import (
+    MOE_BACKEND_SUPPORTS_SP,
+    CompilationConfig,
+    EngineConfig,
+    MhcConfig,
+    ModelConfig,
+    ParallelConfig,
+    PassConfig,
+)
 
 TINY = ModelConfig.tiny()
 
 
-def engine(tp=2, pp=1, sp=None, max_graph=0, eager=False, backend="naive", pass_config=None,
-           model=TINY):
-    comp = CompilationConfig(pass_config=pass_config or PassConfig(), max_cudagraph_capture_size=max_graph)
-    return EngineConfig(model, ParallelConfig(tp, pp, sp), comp, enforce_eager=eager, moe_backend=backend)
+def engine(
+    tp=2, pp=1, sp=None, max_graph=0, eager=False, backend="naive", pass_config=None, model=TINY
+):
+    comp = CompilationConfig(
+        pass_config=pass_config or PassConfig(), max_cudagraph_capture_size=max_graph
+    )
+    return EngineConfig(
+        model, ParallelConfig(tp, pp, sp), comp, enforce_eager=eager, moe_backend=backend
+    )
 
 
 # ---- ParallelConfig ------------------------------------------------------------------------
+
 
 def test_parallel_defaults_and_properties():
     p = ParallelConfig()
@@ -25,8 +39,13 @@ def test_parallel_defaults_and_properties():
     assert not p.enable_sp and p.sequence_parallel_size == 1
     assert ParallelConfig(4, 1, 8).enable_sp and ParallelConfig(4, 1, 8).sequence_parallel_size == 4
     # Only with tp > 1.
-    assert not ParallelConfig(1, 2, 8).enable_sp and ParallelConfig(1, 2, 8).sequence_parallel_size == 1
-    assert not ParallelConfig(4, 1, None).enable_sp and ParallelConfig(4).sequence_parallel_size == 1
+    assert (
+        not ParallelConfig(1, 2, 8).enable_sp
+        and ParallelConfig(1, 2, 8).sequence_parallel_size == 1
+    )
+    assert (
+        not ParallelConfig(4, 1, None).enable_sp and ParallelConfig(4).sequence_parallel_size == 1
+    )
     assert ParallelConfig(2, 3).world_size == 6
 
 
@@ -36,8 +55,10 @@ def test_sp_threshold_must_be_a_positive_integer(bad):
         ParallelConfig(2, 1, bad)
 
 
-@pytest.mark.parametrize("field,bad", [("tensor_parallel_size", 0), ("pipeline_parallel_size", -1),
-                                       ("tensor_parallel_size", 1.5)])
+@pytest.mark.parametrize(
+    "field,bad",
+    [("tensor_parallel_size", 0), ("pipeline_parallel_size", -1), ("tensor_parallel_size", 1.5)],
+)
 def test_parallel_sizes_must_be_positive_integers(field, bad):
     with pytest.raises(ValueError, match=f"{field} must be a positive integer, got {bad!r}"):
         ParallelConfig(**{field: bad})
@@ -45,10 +66,14 @@ def test_parallel_sizes_must_be_positive_integers(field, bad):
 
 # ---- sp_threshold vs CUDA graphs -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("sp,max_graph", [(8, 8), (4, 8), (1, 512)])
 def test_threshold_at_or_below_capture_size_is_refused_with_tp(sp, max_graph):
-    with pytest.raises(ValueError, match=f"sp_threshold={sp} must be greater than "
-                                         f"max_cudagraph_capture_size={max_graph} with tensor_parallel_size=2"):
+    with pytest.raises(
+        ValueError,
+        match=f"sp_threshold={sp} must be greater than "
+        f"max_cudagraph_capture_size={max_graph} with tensor_parallel_size=2",
+    ):
         engine(tp=2, sp=sp, max_graph=max_graph)
     # The rule holds under enforce_eager too: it is stated for any tp > 1 config.
     with pytest.raises(ValueError, match="SP must never engage on a captured size"):
@@ -64,8 +89,17 @@ def test_threshold_above_capture_size_or_tp1_is_accepted():
 def test_capture_sizes():
     assert CompilationConfig(max_cudagraph_capture_size=0).cudagraph_capture_sizes() == []
     assert CompilationConfig(max_cudagraph_capture_size=3).cudagraph_capture_sizes() == [1, 2, 3]
-    assert CompilationConfig(max_cudagraph_capture_size=20).cudagraph_capture_sizes() == [1, 2, 4, 8, 16, 20]
-    with pytest.raises(ValueError, match="max_cudagraph_capture_size must be an integer >= 0, got -1"):
+    assert CompilationConfig(max_cudagraph_capture_size=20).cudagraph_capture_sizes() == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        20,
+    ]
+    with pytest.raises(
+        ValueError, match="max_cudagraph_capture_size must be an integer >= 0, got -1"
+    ):
         CompilationConfig(max_cudagraph_capture_size=-1)
     assert engine(tp=2, sp=9, max_graph=8).use_cudagraphs
     assert not engine(tp=2, sp=9, max_graph=8, eager=True).use_cudagraphs
@@ -73,6 +107,7 @@ def test_capture_sizes():
 
 
 # ---- mapping sp_threshold into the compile pass --------------------------------------------
+
 
 def test_threshold_maps_into_pass_config_when_not_eager():
     e = engine(tp=2, sp=16)
@@ -107,10 +142,14 @@ def test_explicit_pass_config_rules():
     # SP stays off because parallel.enable_sp is False.
     e = engine(tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=12), max_graph=8)
     assert e.compilation.pass_config.enable_sp and e.sp_threshold is None
-    with pytest.raises(ValueError, match="pass_config.enable_sp=True needs pass_config.sp_min_token_num"):
+    with pytest.raises(
+        ValueError, match="pass_config.enable_sp=True needs pass_config.sp_min_token_num"
+    ):
         engine(tp=2, pass_config=PassConfig(enable_sp=True))
-    with pytest.raises(ValueError, match="pass_config.sp_min_token_num=8 must be greater than "
-                                         "max_cudagraph_capture_size=8"):
+    with pytest.raises(
+        ValueError,
+        match="pass_config.sp_min_token_num=8 must be greater than max_cudagraph_capture_size=8",
+    ):
         engine(tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=8), max_graph=8)
     with pytest.raises(ValueError, match="sp_min_token_num must be a positive integer, got 0"):
         PassConfig(sp_min_token_num=0)
@@ -123,10 +162,13 @@ def test_explicit_pass_config_rules():
 
 # ---- MoE backend ---------------------------------------------------------------------------
 
+
 def test_moe_backend_not_valid_on_a_token_shard_is_refused_when_sp_is_enabled():
     assert MOE_BACKEND_SUPPORTS_SP == {"naive": True, "capacity": False}
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
-                                                  "sequence parallelism: which tokens it drops"):
+    with pytest.raises(
+        NotImplementedError,
+        match="moe_backend='capacity' does not support sequence parallelism: which tokens it drops",
+    ):
         engine(tp=2, sp=4, backend="capacity")
     with pytest.raises(NotImplementedError, match="not valid on a token shard"):
         engine(tp=2, sp=4, backend="capacity", eager=True)
@@ -142,11 +184,16 @@ def test_moe_backend_not_valid_on_a_token_shard_is_refused_when_sp_is_enabled():
 
 # ---- shapes that must split over TP / PP ---------------------------------------------------
 
-@pytest.mark.parametrize("field,value,tp", [("num_heads", 12, 5), ("vocab_size", 241, 2),
-                                            ("moe_intermediate_size", 50, 4)])
+
+@pytest.mark.parametrize(
+    "field,value,tp",
+    [("num_heads", 12, 5), ("vocab_size", 241, 2), ("moe_intermediate_size", 50, 4)],
+)
 def test_dims_must_split_over_tp(field, value, tp):
     model = dataclasses.replace(TINY, **{field: value})
-    with pytest.raises(ValueError, match=f"model.{field}={value} must be divisible by tensor_parallel_size={tp}"):
+    with pytest.raises(
+        ValueError, match=f"model.{field}={value} must be divisible by tensor_parallel_size={tp}"
+    ):
         engine(tp=tp, model=model)
 
 
@@ -173,39 +220,69 @@ def test_num_speculative_tokens():
 
 # ---- ModelConfig ---------------------------------------------------------------------------
 
+
 def test_model_presets():
     t = ModelConfig.tiny()
-    assert (t.hidden_size, t.num_heads, t.num_layers, t.num_routed_experts, t.num_experts_per_tok) == (96, 12, 2, 8, 2)
+    assert (
+        t.hidden_size,
+        t.num_heads,
+        t.num_layers,
+        t.num_routed_experts,
+        t.num_experts_per_tok,
+    ) == (96, 12, 2, 8, 2)
     for tp in (1, 2, 3, 4):
         engine(tp=tp, model=t)  # every test TP size divides the tiny dims
     f = ModelConfig.v4_flash()
-    assert (f.hidden_size, f.num_heads, f.num_layers, f.num_routed_experts, f.num_experts_per_tok) == (4096, 64, 43, 256, 6)
+    assert (
+        f.hidden_size,
+        f.num_heads,
+        f.num_layers,
+        f.num_routed_experts,
+        f.num_experts_per_tok,
+    ) == (4096, 64, 43, 256, 6)
     assert ModelConfig.preset("v4-flash", num_layers=3).num_layers == 3
     with pytest.raises(ValueError, match="preset: unknown preset 'huge'"):
         ModelConfig.preset("huge")
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(hidden_size=100, num_heads=12), "hidden_size=100 must be divisible by num_heads=12"),
-    (dict(num_experts_per_tok=9), "num_experts_per_tok=9 must be <= num_routed_experts=8"),
-    (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
-    (dict(num_mtp_layers=2), "num_mtp_layers must be 0 or 1, got 2"),
-    (dict(capacity_factor=0.0), "capacity_factor must be positive, got 0.0"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(hidden_size=100, num_heads=12), "hidden_size=100 must be divisible by num_heads=12"),
+        (dict(num_experts_per_tok=9), "num_experts_per_tok=9 must be <= num_routed_experts=8"),
+        (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
+        (dict(num_mtp_layers=2), "num_mtp_layers must be 0 or 1, got 2"),
+        (dict(capacity_factor=0.0), "capacity_factor must be positive, got 0.0"),
+    ],
+)
 def test_model_config_rules(changes, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.tiny(**changes)
 
 
 def test_from_hf_config():
-    hf = {"vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
-          "n_routed_experts": 256, "num_experts_per_tok": 6, "moe_intermediate_size": 2048,
-          "n_shared_experts": 1, "routed_scaling_factor": 1.5, "num_nextn_predict_layers": 1,
-          "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
-          "architectures": ["DeepseekV4ForCausalLM"]}
+    hf = {
+        "vocab_size": 129280,
+        "hidden_size": 4096,
+        "num_hidden_layers": 43,
+        "num_attention_heads": 64,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 6,
+        "moe_intermediate_size": 2048,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 1.5,
+        "num_nextn_predict_layers": 1,
+        "hc_mult": 4,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "rms_norm_eps": 1e-6,
+        "architectures": ["DeepseekV4ForCausalLM"],
+    }
     cfg = ModelConfig.from_hf_config(hf)
     assert cfg == ModelConfig.v4_flash()
-    assert ModelConfig.from_hf_config({"hidden_size": 64, "num_attention_heads": 4}).hidden_size == 64
+    assert (
+        ModelConfig.from_hf_config({"hidden_size": 64, "num_attention_heads": 4}).hidden_size == 64
+    )
     assert ModelConfig.from_hf_config({"hc_sinkhorn_iters": 7}).mhc == MhcConfig(sinkhorn_iters=7)
     with pytest.raises(TypeError, match="cfg: expected a mapping"):
         ModelConfig.from_hf_config([("hidden_size", 64)])

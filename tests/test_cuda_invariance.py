@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch invariance and projection accuracy of the CUDA math ops (docs/design.md §3b): a token's
 outputs are bitwise the same whatever else shares its call (which changes the token tiles, the
 split of H over blocks, fused or separate finish) and whatever the vector width the pointers
@@ -29,7 +30,7 @@ def misaligned(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of t whose data starts 2 bytes past a 16-byte boundary: the kernels then
     take their one-value-at-a-time path."""
     buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
-    out = buf[1:1 + t.numel()].view(t.shape)
+    out = buf[1 : 1 + t.numel()].view(t.shape)
     out.copy_(t)
     assert out.data_ptr() % 16 != 0 and out.is_contiguous()
     return out
@@ -53,8 +54,9 @@ def test_vector_width_does_not_change_results(name):
     info = OPS[name]
     inputs = random_inputs(37, 4, 2048, seed=5, device=DEV)
     aligned = info.call(info.sample(inputs))
-    shifted = info.call(info.sample({k: (misaligned(v) if k in PER_TOKEN else v)
-                                     for k, v in inputs.items()}))
+    shifted = info.call(
+        info.sample({k: (misaligned(v) if k in PER_TOKEN else v) for k, v in inputs.items()})
+    )
     for out_name, a, b in zip(info.outputs, aligned, shifted):
         assert torch.equal(a, b), f"{name}.{out_name}"
 
@@ -64,8 +66,8 @@ def float64_coefficients(residual, fn, scale, base, cfg=R.DEFAULT):
     X = residual.double().reshape(T, n * H)
     mix = (X @ fn.double().t()) * torch.rsqrt(X.square().mean(-1, keepdim=True) + cfg.rms_eps)
     s, b = scale.double(), base.double()
-    post = torch.sigmoid(mix[:, n:2 * n] * s[1] + b[n:2 * n]) * cfg.hc_post_mult
-    logits = (mix[:, 2 * n:] * s[2] + b[2 * n:]).reshape(T, n, n)
+    post = torch.sigmoid(mix[:, n : 2 * n] * s[1] + b[n : 2 * n]) * cfg.hc_post_mult
+    logits = (mix[:, 2 * n :] * s[2] + b[2 * n :]).reshape(T, n, n)
     return post, R.sinkhorn(logits, cfg.sinkhorn_iters, cfg.hc_sinkhorn_eps)
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The five mHC math ops on CUDA against mhc_sp.reference (docs/design.md §1), the golden data, the
 CPU kernels, torch.library.opcheck, CUDA-graph replay and mixed-device arguments.
 
@@ -11,8 +12,14 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from mhc_sp import ops  # noqa: E402
-from mhc_sp.testing import (OPS, assert_close, check_against_reference,  # noqa: E402
-                            check_compiled_chain, check_outputs, random_inputs)
+from mhc_sp.testing import (
+    OPS,
+    assert_close,
+    check_against_reference,  # noqa: E402
+    check_compiled_chain,
+    check_outputs,
+    random_inputs,
+)
 
 DEV = "cuda"
 
@@ -27,8 +34,18 @@ def to_device(d: dict, device) -> dict:
 
 # T covers the fused single-launch path (<= 16 tokens), one partial 64-token tile (257 = 4 tiles
 # + 1 token) and many tiles; H covers the 16-byte path (H % 8 == 0) and the scalar fallback.
-SHAPES = [(1, 4, 4096), (1, 2, 7168), (5, 4, 1024), (5, 2, 33), (16, 4, 520), (16, 2, 100),
-          (257, 4, 512), (257, 2, 77), (4096, 4, 256), (4096, 2, 40)]
+SHAPES = [
+    (1, 4, 4096),
+    (1, 2, 7168),
+    (5, 4, 1024),
+    (5, 2, 33),
+    (16, 4, 520),
+    (16, 2, 100),
+    (257, 4, 512),
+    (257, 2, 77),
+    (4096, 4, 256),
+    (4096, 2, 40),
+]
 
 
 def check(name, i, norm=True):
@@ -44,8 +61,9 @@ def test_matches_reference(name, T, n, H, norm):
 
 
 @pytest.mark.parametrize("name", list(OPS))
-@pytest.mark.parametrize("T,n,H", [(3, 1, 64), (7, 3, 72), (20, 5, 48), (2, 6, 24), (9, 7, 16),
-                                   (33, 8, 64), (17, 8, 7)])
+@pytest.mark.parametrize(
+    "T,n,H", [(3, 1, 64), (7, 3, 72), (20, 5, 48), (2, 6, 24), (9, 7, 16), (33, 8, 64), (17, 8, 7)]
+)
 def test_other_hc_mult(name, T, n, H):
     check(name, inputs(T, n, H))
 
@@ -104,7 +122,9 @@ def test_post_pre_equals_post_then_pre():
     fused = OPS["mhc_post_pre"].call(OPS["mhc_post_pre"].sample(i))
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     assert torch.equal(fused[0], residual)
-    for a, b in zip(fused[1:], ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])):
+    for a, b in zip(
+        fused[1:], ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])
+    ):
         assert_close(a, b)
 
 
@@ -119,6 +139,7 @@ def test_deterministic(name):
 
 
 # ---- torch.library / CUDA graphs / streams -------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("T", [6, 70])
@@ -175,19 +196,27 @@ def test_compiled_chain_fullgraph():
 
 # ---- mixed devices ---------------------------------------------------------------------------
 
+
 def test_mixed_cpu_cuda_arguments_raise_value_error():
     i = inputs(4, 4, 64, seed=3)
     cpu = {k: v.cpu() for k, v in i.items()}
     cases = [
         ("fn", lambda: ops.mhc_pre(i["residual"], cpu["fn"], i["scale"], i["base"])),
         ("hc_scale", lambda: ops.mhc_pre(i["residual"], i["fn"], cpu["scale"], i["base"])),
-        ("norm_weight", lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], cpu["norm_weight"])),
+        (
+            "norm_weight",
+            lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], cpu["norm_weight"]),
+        ),
         ("x", lambda: ops.mhc_post(cpu["x"], i["residual"], i["post"], i["comb"])),
         ("comb", lambda: ops.mhc_post(i["x"], i["residual"], i["post"], cpu["comb"])),
         # residual fixes the device, so a CPU residual is reported through the first CUDA argument
         ("x", lambda: ops.mhc_post(i["x"], cpu["residual"], i["post"], i["comb"])),
-        ("post", lambda: ops.mhc_post_pre(i["x"], i["residual"], cpu["post"], i["comb"], i["fn"],
-                                          i["scale"], i["base"])),
+        (
+            "post",
+            lambda: ops.mhc_post_pre(
+                i["x"], i["residual"], cpu["post"], i["comb"], i["fn"], i["scale"], i["base"]
+            ),
+        ),
         ("hc_base", lambda: ops.mhc_pre_broadcast(i["x"], i["fn"], i["scale"], cpu["base"])),
         ("fn", lambda: ops.hc_head(i["residual"], cpu["head_fn"], i["head_scale"], i["head_base"])),
     ]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch invariance of the CPU math ops (docs/design.md §3b): a token's outputs are bitwise the
 same whatever else shares its call and however many threads run it. The kernels fix one summation
 order by the hidden size alone; these tests hold every path to it (decode-size calls that split
@@ -50,8 +51,16 @@ def test_post_pre_is_post_then_pre_bitwise(T):
     """One order for the projection and the squares, whether the rows come from memory or from
     the post just computed."""
     i = random_inputs(T, 4, 1040, seed=T)
-    fused = ops.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                             i["base"], i["norm_weight"])
+    fused = ops.mhc_post_pre(
+        i["x"],
+        i["residual"],
+        i["post"],
+        i["comb"],
+        i["fn"],
+        i["scale"],
+        i["base"],
+        i["norm_weight"],
+    )
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     separate = (residual, *ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"]))
     for a, b in zip(fused, separate):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sharded and replicated boundaries give bitwise equal rows (docs/design.md §3b): a rank's shard
 of the stream goes through the same kernels as the replicated run's rows, in a call of another
 size (decode-size shards take the split-hidden path, the replicated call token blocks), and the
@@ -31,8 +32,9 @@ def worker_sharded_equals_replicated(rank, world):
 
     import mhc_sp.distributed as msd
 
-    groups = {tp: (dist.new_group(list(range(tp)), backend="gloo") if tp < world else None)
-              for tp in TP}
+    groups = {
+        tp: (dist.new_group(list(range(tp)), backend="gloo") if tp < world else None) for tp in TP
+    }
     checked = 0
     for tp in TP:
         if rank >= tp:
@@ -48,25 +50,69 @@ def worker_sharded_equals_replicated(rank, world):
             valid = slice(own.start, min(own.stop, T))
             n_valid = max(0, valid.stop - valid.start)
 
-            rep = ops.fused_layer(partial, i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                                  i["base"], i["norm_weight"], group, False, T)
-            sp = ops.fused_layer(partial, shard["residual"], shard["post"], shard["comb"], i["fn"],
-                                 i["scale"], i["base"], i["norm_weight"], group, True, T)
+            rep = ops.fused_layer(
+                partial,
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                i["norm_weight"],
+                group,
+                False,
+                T,
+            )
+            sp = ops.fused_layer(
+                partial,
+                shard["residual"],
+                shard["post"],
+                shard["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                i["norm_weight"],
+                group,
+                True,
+                T,
+            )
             for name, a, b in zip(("residual_out", "post_out", "comb_out"), sp[:3], rep[:3]):
                 check_equal(a[:n_valid], b[valid], f"{tag} fused_layer {name}")
             check_equal(sp[3], rep[3], f"{tag} fused_layer layer_input")
 
-            rep = ops.fused_head(partial, i["residual"], i["post"], i["comb"], i["head_fn"],
-                                 i["head_scale"], i["head_base"], group, False, T)
-            sp = ops.fused_head(partial, shard["residual"], shard["post"], shard["comb"],
-                                i["head_fn"], i["head_scale"], i["head_base"], group, True, T)
+            rep = ops.fused_head(
+                partial,
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["head_fn"],
+                i["head_scale"],
+                i["head_base"],
+                group,
+                False,
+                T,
+            )
+            sp = ops.fused_head(
+                partial,
+                shard["residual"],
+                shard["post"],
+                shard["comb"],
+                i["head_fn"],
+                i["head_scale"],
+                i["head_base"],
+                group,
+                True,
+                T,
+            )
             check_equal(sp[0], rep[0], f"{tag} fused_head hidden")
             check_equal(sp[1][:n_valid], rep[1][valid], f"{tag} fused_head residual_out")
 
-            rep = ops.fused_entry(i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group,
-                                  False)
-            sp = ops.fused_entry(i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group,
-                                 True)
+            rep = ops.fused_entry(
+                i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group, False
+            )
+            sp = ops.fused_entry(
+                i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group, True
+            )
             for name, a, b in zip(("residual", "post", "comb"), sp[:3], rep[:3]):
                 check_equal(a[:n_valid], b[valid], f"{tag} fused_entry {name}")
             check_equal(sp[3], rep[3], f"{tag} fused_entry layer_input")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The five mHC math ops on CPU against mhc_sp.reference and the golden data (docs/design.md §1)."""
 
 import inspect
@@ -9,8 +10,15 @@ from hypothesis import strategies as st
 
 from mhc_sp import ops
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import (BF16_TOL, OPS, assert_close, check_against_reference,
-                            check_compiled_chain, check_outputs, random_inputs)
+from mhc_sp.testing import (
+    BF16_TOL,
+    OPS,
+    assert_close,
+    check_against_reference,
+    check_compiled_chain,
+    check_outputs,
+    random_inputs,
+)
 
 CFG = MhcConfig()
 PRE_FAMILY = [name for name, info in OPS.items() if info.takes_norm]
@@ -18,10 +26,18 @@ PRE_FAMILY = [name for name, info in OPS.items() if info.takes_norm]
 
 # ---- golden data -----------------------------------------------------------------------------
 
+
 def test_golden_constants_are_v4_defaults(golden):
     assert golden["constants"] == {k: getattr(CFG, k) for k in golden["constants"]}
-    assert set(golden["constants"]) >= {"rms_eps", "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult",
-                                        "sinkhorn_iters", "norm_eps", "hc_eps"}
+    assert set(golden["constants"]) >= {
+        "rms_eps",
+        "hc_pre_eps",
+        "hc_sinkhorn_eps",
+        "hc_post_mult",
+        "sinkhorn_iters",
+        "norm_eps",
+        "hc_eps",
+    }
 
 
 def test_golden_file_is_what_its_generator_makes(golden_module):
@@ -63,8 +79,11 @@ def test_matches_golden(golden, impl, name):
 def test_external_golden(external_golden, golden_module):
     """A golden file from elsewhere (MHC_SP_GOLDEN): the ops, and the float64 math the in-repo
     data is made with, both agree with it."""
-    keys = {"mhc_pre": ("post", "comb", "layer_input"), "mhc_post_pre": ("residual", "post", "comb",
-            "layer_input"), "mhc_pre_broadcast": ("residual", "post", "comb", "layer_input")}
+    keys = {
+        "mhc_pre": ("post", "comb", "layer_input"),
+        "mhc_post_pre": ("residual", "post", "comb", "layer_input"),
+        "mhc_pre_broadcast": ("residual", "post", "comb", "layer_input"),
+    }
     for case in external_golden["cases"]:
         i = case["inputs"]
         ours = golden_module.expected_outputs(i, norm=True)
@@ -80,8 +99,16 @@ def test_external_golden(external_golden, golden_module):
 
 # ---- against the reference -------------------------------------------------------------------
 
-SHAPES = [(0, 4, 256), (1, 4, 4096), (3, 2, 64), (17, 4, 1024), (5, 4, 100), (9, 3, 72),
-          (2, 8, 48), (4, 1, 33)]
+SHAPES = [
+    (0, 4, 256),
+    (1, 4, 4096),
+    (3, 2, 64),
+    (17, 4, 1024),
+    (5, 4, 100),
+    (9, 3, 72),
+    (2, 8, 48),
+    (4, 1, 33),
+]
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -121,9 +148,15 @@ def test_results_do_not_depend_on_thread_count(T):
 
 # ---- fuzzing (examples per test: the hypothesis profile in conftest.py) ----------------------
 
+
 @pytest.mark.parametrize("name", list(OPS))
-@given(T=st.integers(0, 300), h_blocks=st.integers(1, 64), n=st.sampled_from([2, 4]),
-       norm=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    T=st.integers(0, 300),
+    h_blocks=st.integers(1, 64),
+    n=st.sampled_from([2, 4]),
+    norm=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_fuzz_against_reference(name, T, h_blocks, n, norm, seed):
     info = OPS[name]
     check_against_reference(info, info.sample_inputs(T, n, 64 * h_blocks, seed=seed, norm=norm))
@@ -131,8 +164,15 @@ def test_fuzz_against_reference(name, T, h_blocks, n, norm, seed):
 
 # ---- torch.library / torch.compile -----------------------------------------------------------
 
-@pytest.mark.parametrize("name,norm", [(name, norm) for name, info in OPS.items()
-                                       for norm in ((True, False) if info.takes_norm else (True,))])
+
+@pytest.mark.parametrize(
+    "name,norm",
+    [
+        (name, norm)
+        for name, info in OPS.items()
+        for norm in ((True, False) if info.takes_norm else (True,))
+    ],
+)
 def test_opcheck(name, norm):
     info = OPS[name]
     sample = info.sample_inputs(6, 4, 128, seed=1, norm=norm)
@@ -144,6 +184,7 @@ def test_compiled_chain_fullgraph():
 
 
 # ---- NaN -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["mhc_post", "mhc_post_pre"])
 def test_nan_propagates_like_reference(name):
@@ -176,6 +217,7 @@ def test_nan_coefficients_with_any_payload_stay_nan(name):
 
 # ---- the registry itself -----------------------------------------------------------------------
 
+
 def test_registry_follows_the_schemas():
     """Wrapper and reference take the same arguments, named as in the schema (plus ``cfg`` for
     the scalar tail); outputs are named as the schema names them."""
@@ -201,8 +243,9 @@ def test_bytes_moved_counts_every_argument_and_output_once():
     expected = {
         "mhc_pre": stream + fn + pre_weights + norm + coeffs + hidden,
         "mhc_post": hidden + stream + coeffs + stream,
-        "mhc_post_pre": (hidden + stream + coeffs + fn + pre_weights + norm
-                         + stream + coeffs + hidden),
+        "mhc_post_pre": (
+            hidden + stream + coeffs + fn + pre_weights + norm + stream + coeffs + hidden
+        ),
         "mhc_pre_broadcast": hidden + fn + pre_weights + norm + stream + coeffs + hidden,
         "hc_head": stream + head + hidden,
     }

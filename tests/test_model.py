@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The V4-style model in one process: TP slicing of the weights, the safetensors loader, MoE
 backends and their SP rule, the row-parallel linear's reduction, the MTP layer as a forward of its
 own. (Multi-rank runs are in test_runner.py.)"""
@@ -8,9 +9,19 @@ from safetensors.torch import save_file
 
 import mhc_sp.distributed as msd
 from mhc_sp.config import ModelConfig
-from mhc_sp.model import (DeepseekV4Model, IntermediateTensors, MhcStream, MoE, RoutingTrace,
-                          RowParallelLinear, TPContext, init_synthetic, load_safetensors,
-                          pp_layer_range, synthetic_state_dict)
+from mhc_sp.model import (
+    DeepseekV4Model,
+    IntermediateTensors,
+    MhcStream,
+    MoE,
+    RoutingTrace,
+    RowParallelLinear,
+    TPContext,
+    init_synthetic,
+    load_safetensors,
+    pp_layer_range,
+    synthetic_state_dict,
+)
 from mhc_sp.model.parallel import shard_index
 
 TINY = ModelConfig.tiny()
@@ -30,6 +41,7 @@ def ids_for(T, seed, vocab=TINY.vocab_size):
 
 # ---- weights: synthetic, sliced, loaded ------------------------------------------------------
 
+
 def test_any_tp_slice_is_a_slice_of_the_tp1_weights():
     full = dict(DeepseekV4Model(TINY).named_parameters())
     for tp in (2, 3):
@@ -42,8 +54,14 @@ def test_any_tp_slice_is_a_slice_of_the_tp1_weights():
                 assert torch.equal(p, expected), f"tp={tp} rank={rank} {name}"
     # Sharded on the intermediate dim (experts), heads (attention), vocab (embedding / LM head).
     p = dict(DeepseekV4Model(TINY, tp=TPContext(1, 4, "x")).named_parameters())
-    assert p["layers.0.moe.w_gate"].shape == (8, 12, 96) and p["layers.0.moe.w_down"].shape == (8, 96, 12)
-    assert p["layers.0.attn.wq.weight"].shape == (24, 96) and p["layers.0.attn.wo.weight"].shape == (96, 24)
+    assert p["layers.0.moe.w_gate"].shape == (8, 12, 96) and p["layers.0.moe.w_down"].shape == (
+        8,
+        96,
+        12,
+    )
+    assert p["layers.0.attn.wq.weight"].shape == (24, 96) and p[
+        "layers.0.attn.wo.weight"
+    ].shape == (96, 24)
     assert p["embed.weight"].shape == (60, 96) and p["lm_head.weight"].shape == (60, 96)
     assert p["layers.0.attn_hc.fn"].shape == (24, 384)  # mHC parameters are replicated
 
@@ -68,13 +86,17 @@ def test_seed_changes_the_weights():
     a = dict(DeepseekV4Model(TINY, seed=1).named_parameters())
     b = dict(DeepseekV4Model(TINY, seed=2).named_parameters())
     assert not torch.equal(a["layers.1.moe.w_up"], b["layers.1.moe.w_up"])
-    assert torch.equal(a["layers.1.moe.w_up"], dict(DeepseekV4Model(TINY, seed=1).named_parameters())["layers.1.moe.w_up"])
+    assert torch.equal(
+        a["layers.1.moe.w_up"],
+        dict(DeepseekV4Model(TINY, seed=1).named_parameters())["layers.1.moe.w_up"],
+    )
 
 
 def test_v4_flash_builds_on_meta_without_weights():
     cfg = ModelConfig.v4_flash()
-    model = DeepseekV4Model(cfg, tp=TPContext(3, 8, "x"), pp_rank=3, pp_size=4,
-                            sequence_parallel=True, device="meta")
+    model = DeepseekV4Model(
+        cfg, tp=TPContext(3, 8, "x"), pp_rank=3, pp_size=4, sequence_parallel=True, device="meta"
+    )
     p = dict(model.named_parameters())
     assert all(t.is_meta for t in p.values())
     assert list(model.layers) == [str(i) for i in range(33, 43)] and model.mtp is not None
@@ -106,16 +128,24 @@ def test_safetensors_loader_maps_by_name_and_reports(tmp_path):
         else:
             assert torch.equal(p, tensors[name][shard_index(p.full_shape, p.shard_dim, 1, 2)]), name
     # A loaded tp=2 slice is the synthetic seed-7 slice, so loading == generating with that seed.
-    assert torch.equal(part.layers["0"].moe.w_gate, DeepseekV4Model(TINY, tp=TPContext(1, 2, "x"), seed=7).layers["0"].moe.w_gate)
+    assert torch.equal(
+        part.layers["0"].moe.w_gate,
+        DeepseekV4Model(TINY, tp=TPContext(1, 2, "x"), seed=7).layers["0"].moe.w_gate,
+    )
 
-    with pytest.raises(ValueError, match=r"missing \['layers.1.moe.w_down'\], unexpected \['model.rotary.inv_freq'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"missing \['layers.1.moe.w_down'\], unexpected \['model.rotary.inv_freq'\]",
+    ):
         load_safetensors(part, path, name_map=lambda n: n.removeprefix("model."), strict=True)
     # Without the name map nothing matches.
     report = load_safetensors(DeepseekV4Model(TINY), path)
     assert report.loaded == [] and len(report.unexpected) == len(tensors)
     bad = tmp_path / "bad.safetensors"
     save_file({"embed.weight": torch.zeros(10, 96, dtype=torch.bfloat16)}, str(bad))
-    with pytest.raises(ValueError, match=r"embed.weight: checkpoint shape \(10, 96\) does not match .* \(240, 96\)"):
+    with pytest.raises(
+        ValueError, match=r"embed.weight: checkpoint shape \(10, 96\) does not match .* \(240, 96\)"
+    ):
         load_safetensors(part, bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_safetensors(part, tmp_path / "nope.safetensors")
@@ -131,6 +161,7 @@ def test_safetensors_loader_maps_by_name_and_reports(tmp_path):
 
 # ---- MoE ---------------------------------------------------------------------------------------
 
+
 def make_moe(backend, sp=False, **changes):
     moe = MoE(ModelConfig.tiny(**changes), TPContext(), "cpu", backend, sequence_parallel=sp)
     init_synthetic(moe, 5)
@@ -142,7 +173,10 @@ def test_moe_dense_and_eager_agree_and_capacity_drops_in_token_order():
     for backend in ("naive", "capacity"):
         moe = make_moe(backend, capacity_factor=0.5)
         assert torch.equal(moe(x), moe(x, dense=True)), backend
-    naive, capacity = make_moe("naive", capacity_factor=0.5), make_moe("capacity", capacity_factor=0.5)
+    naive, capacity = (
+        make_moe("naive", capacity_factor=0.5),
+        make_moe("capacity", capacity_factor=0.5),
+    )
     ids, weights = naive.route(x)
     assert ids.shape == (13, 2) and torch.allclose(weights.sum(-1), torch.ones(13))
     cap = capacity._capacity(13)  # ceil(0.5 * 13 * 2 / 8) = 2 tokens per expert
@@ -157,13 +191,16 @@ def test_moe_dense_and_eager_agree_and_capacity_drops_in_token_order():
 
 
 def test_moe_backend_not_valid_with_sp_raises():
-    with pytest.raises(NotImplementedError, match="moe_backend='capacity' does not support "
-                                                  "sequence parallelism"):
+    with pytest.raises(
+        NotImplementedError, match="moe_backend='capacity' does not support sequence parallelism"
+    ):
         make_moe("capacity", sp=True)
     moe = make_moe("capacity")
     with pytest.raises(NotImplementedError, match="not valid on a token shard"):
         moe(torch.zeros(4, 96, dtype=torch.bfloat16), sharded=True)
-    assert make_moe("naive", sp=True)(torch.zeros(4, 96, dtype=torch.bfloat16), sharded=True).shape == (4, 96)
+    assert make_moe("naive", sp=True)(
+        torch.zeros(4, 96, dtype=torch.bfloat16), sharded=True
+    ).shape == (4, 96)
     with pytest.raises(ValueError, match="moe_backend: unknown backend 'fast'"):
         make_moe("fast")
     with pytest.raises(NotImplementedError, match="does not support sequence parallelism"):
@@ -181,8 +218,9 @@ def test_row_parallel_linear_reduces_only_when_asked(world_of_one):
     try:
         x = torch.randn(5, 24).to(torch.bfloat16)
         reducing = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu")
-        partial = RowParallelLinear(24, 16, TPContext(0, 1, world_of_one), "cpu",
-                                    reduce_results=False)
+        partial = RowParallelLinear(
+            24, 16, TPContext(0, 1, world_of_one), "cpu", reduce_results=False
+        )
         init_synthetic(reducing, 3)
         init_synthetic(partial, 3)
         assert reducing.reduce_results and not partial.reduce_results
@@ -214,6 +252,7 @@ def test_routing_trace_records_and_replays():
 
 # ---- world of one: the model end to end ------------------------------------------------------
 
+
 def test_world_of_one_forward_mtp_and_validation(world_of_one):
     model = DeepseekV4Model(TINY)
     ids, nxt = ids_for(7, 1)
@@ -233,8 +272,9 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
     # The MTP sees the next tokens and the stream: change either, other draft logits.
     other_ids = model.mtp_forward(out.final_stream, (nxt + 1) % 240, sharded=False)
     assert not torch.equal(other_ids.logits, draft.logits)
-    assert not torch.equal(model.mtp_forward(draft.final_stream, nxt, sharded=False).logits,
-                           draft.logits)
+    assert not torch.equal(
+        model.mtp_forward(draft.final_stream, nxt, sharded=False).logits, draft.logits
+    )
     # Causal attention: the first rows' drafts do not depend on the rows after them.
     part = model.mtp_forward(out.final_stream[:4], nxt[:4], sharded=False)
     assert torch.equal(part.logits, draft.logits[:4])
@@ -246,17 +286,26 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
     with pytest.raises(ValueError, match="next_ids: expected a non-empty 1-D int64 tensor"):
         model.mtp_forward(out.final_stream, nxt.float(), sharded=False)
 
-    with pytest.raises(ValueError, match=r"input_ids: expected token ids in \[0, 240\), got values in \[0, 240\]"):
+    with pytest.raises(
+        ValueError, match=r"input_ids: expected token ids in \[0, 240\), got values in \[0, 240\]"
+    ):
         model(torch.tensor([0, 240]), sharded=False)
     with pytest.raises(ValueError, match="input_ids: expected a 1-D int64 tensor"):
         model(ids.to(torch.int32), sharded=False)
     with pytest.raises(ValueError, match="input_ids: expected at least one token, got 0"):
         model(ids[:0], sharded=False)
     second = DeepseekV4Model(TINY, pp_rank=1, pp_size=2)
-    with pytest.raises(ValueError, match="intermediate: pipeline stage 1 needs the previous stage's"):
+    with pytest.raises(
+        ValueError, match="intermediate: pipeline stage 1 needs the previous stage's"
+    ):
         second(ids, sharded=False)
-    bad = IntermediateTensors(torch.zeros(7, 96, dtype=torch.bfloat16),
-                              MhcStream(torch.zeros(6, 4, 96, dtype=torch.bfloat16),
-                                        torch.zeros(7, 4), torch.zeros(7, 4, 4)))
-    with pytest.raises(ValueError, match=r"intermediate.residual: expected torch.bfloat16 \(7, 4, 96\)"):
+    bad = IntermediateTensors(
+        torch.zeros(7, 96, dtype=torch.bfloat16),
+        MhcStream(
+            torch.zeros(6, 4, 96, dtype=torch.bfloat16), torch.zeros(7, 4), torch.zeros(7, 4, 4)
+        ),
+    )
+    with pytest.raises(
+        ValueError, match=r"intermediate.residual: expected torch.bfloat16 \(7, 4, 96\)"
+    ):
         second(ids, sharded=False, intermediate=bad)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fused ops on CUDA with mhc_sp's NCCL communicator (skipped without a GPU). Worlds of 2 and 4
 run when there are that many GPUs, or when the installed NCCL lets ranks share one GPU
 (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)."""
@@ -18,20 +19,26 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is n
 def ranks_fit(world):
     if torch.cuda.device_count() >= world:
         return True
-    shared = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" and torch.cuda.nccl.version() >= (2, 30)
+    shared = os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" and torch.cuda.nccl.version() >= (
+        2,
+        30,
+    )
     return shared
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_fused_ops_on_nccl_match_reference(world):
     if not ranks_fit(world):
-        pytest.skip(f"{world} ranks need {world} GPUs or NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL >= 2.30")
+        pytest.skip(
+            f"{world} ranks need {world} GPUs or NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL >= 2.30"
+        )
     results = run_world(world, worker_fused_ops, "cuda", backend="cpu:gloo,cuda:nccl", timeout=300)
     assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
 
 
 def worker_graph_capture(rank, world):
-    """fused_layer (NCCL on the current stream) captured in a CUDA graph replays bitwise equal to eager."""
+    """fused_layer (NCCL on the current stream) captured in a CUDA graph replays bitwise equal to
+    eager."""
     import mhc_sp.distributed as msd
 
     group = msd.init(device="cuda")
@@ -41,8 +48,22 @@ def worker_graph_capture(rank, world):
     gen = torch.Generator().manual_seed(rank)
     partial = torch.randn(T, H, generator=gen).to(dev, torch.bfloat16)
     shard = {k: ops.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")}
-    run = lambda: ops.fused_layer(partial, shard["residual"], shard["post"], shard["comb"], i["fn"],  # noqa: E731
-                                  i["scale"], i["base"], i["norm_weight"], group, True, T)
+
+    def run():
+        return ops.fused_layer(
+            partial,
+            shard["residual"],
+            shard["post"],
+            shard["comb"],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            True,
+            T,
+        )
+
     eager = run()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -61,7 +82,10 @@ def worker_graph_capture(rank, world):
 def test_fused_layer_graph_capture(world):
     if not ranks_fit(world):
         pytest.skip("not enough GPUs")
-    assert run_world(world, worker_graph_capture, backend="cpu:gloo,cuda:nccl", timeout=300) == [True] * world
+    assert (
+        run_world(world, worker_graph_capture, backend="cpu:gloo,cuda:nccl", timeout=300)
+        == [True] * world
+    )
 
 
 def worker_cpu_only_group(rank, world):
@@ -77,4 +101,7 @@ def worker_cpu_only_group(rank, world):
 def test_cuda_tensor_on_group_without_nccl_raises():
     if not ranks_fit(2):
         pytest.skip("not enough GPUs")
-    assert run_world(2, worker_cpu_only_group, backend="cpu:gloo,cuda:nccl", timeout=120) == [True, True]
+    assert run_world(2, worker_cpu_only_group, backend="cpu:gloo,cuda:nccl", timeout=120) == [
+        True,
+        True,
+    ]

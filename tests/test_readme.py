@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The README's promises: it opens with the two commands a new user runs, CI runs its test
 command verbatim, and the files it points to exist."""
 

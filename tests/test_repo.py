@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Promises the repository makes outside the code: it names nothing outside itself, the torchrun
 example works, the CUDA build's targets, and the GPU check script's shape and time budget."""
 
@@ -14,16 +15,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-                    reason="torchrun not installed beside this python")
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+    reason="torchrun not installed beside this python",
+)
 def test_torchrun_example_runs():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     from mhc_sp.launch import free_port
 
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                          str(ROOT / "examples" / "sp_boundary.py"), "--tokens", "9"],
-                         capture_output=True, text=True, timeout=180, env=env)
+    out = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(ROOT / "examples" / "sp_boundary.py"),
+            "--tokens",
+            "9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": OK") == 2
 
@@ -78,9 +94,15 @@ def tracked_text_files():
 
 
 def test_no_tracked_file_names_a_path_outside_the_repository_or_an_issue():
-    patterns = {"a sibling folder": r"\.\./shared", "an absolute machine path": r"/wor[k]/",
-                "an issue": r"(?i)\bissues?\s*#?\d+"}
-    found = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {what} ({m.group(0)!r})"
-             for name, text in tracked_text_files()
-             for what, pattern in patterns.items() for m in re.finditer(pattern, text)]
+    patterns = {
+        "a sibling folder": r"\.\./shared",
+        "an absolute machine path": r"/wor[k]/",
+        "an issue": r"(?i)\bissues?\s*#?\d+",
+    }
+    found = [
+        f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {what} ({m.group(0)!r})"
+        for name, text in tracked_text_files()
+        for what, pattern in patterns.items()
+        for m in re.finditer(pattern, text)
+    ]
     assert not found, "\n".join(found)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The runner: padding, the one SP decision (at sp_threshold, whatever the compile pass says), plans
 with CUDA graph sizes, MTP draft steps as forwards of their own; and on one world of six gloo ranks
 every engine of tp 2 and 3 x pp 1 and 2: SP on vs off vs tp=1 logits for token counts below, at and
@@ -12,19 +13,33 @@ import torch
 import mhc_sp.distributed as msd
 from dist_harness import run_world
 from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig, PassConfig
-from mhc_sp.runner import (ForwardPlan, ModelRunner, ParallelGroups, init_parallel_groups,
-                           is_sharded, logits_tolerance, plan_forward, sp_padded_tokens)
+from mhc_sp.runner import (
+    ForwardPlan,
+    ModelRunner,
+    ParallelGroups,
+    init_parallel_groups,
+    is_sharded,
+    logits_tolerance,
+    plan_forward,
+    sp_padded_tokens,
+)
 
 TINY = ModelConfig.tiny()
 
 
 def engine(tp, sp=None, max_graph=0, eager=False, pp=1, model=TINY, spec=0, backend="naive"):
-    return EngineConfig(model, ParallelConfig(tp, pp, sp),
-                        CompilationConfig(max_cudagraph_capture_size=max_graph),
-                        enforce_eager=eager, moe_backend=backend, num_speculative_tokens=spec)
+    return EngineConfig(
+        model,
+        ParallelConfig(tp, pp, sp),
+        CompilationConfig(max_cudagraph_capture_size=max_graph),
+        enforce_eager=eager,
+        moe_backend=backend,
+        num_speculative_tokens=spec,
+    )
 
 
 # ---- the decision ------------------------------------------------------------------------------
+
 
 def test_is_sharded_rule():
     assert not is_sharded(100, 4, None)  # SP off
@@ -60,8 +75,12 @@ def test_plan_eager_and_compiled_paths_agree():
 def test_sp_engages_at_sp_threshold_whatever_the_compile_pass_minimum(eager):
     # The compile pass keeps a larger minimum of its own; the in-forward SP still follows
     # sp_threshold, with or without enforce_eager.
-    e = EngineConfig(TINY, ParallelConfig(2, 1, 16),
-                     CompilationConfig(PassConfig(sp_min_token_num=32)), enforce_eager=eager)
+    e = EngineConfig(
+        TINY,
+        ParallelConfig(2, 1, 16),
+        CompilationConfig(PassConfig(sp_min_token_num=32)),
+        enforce_eager=eager,
+    )
     assert plan_forward(20, e) == ForwardPlan(20, 20, True, None)
     assert plan_forward(17, e) == ForwardPlan(17, 18, True, None)
     assert plan_forward(15, e) == ForwardPlan(15, 15, False, None)
@@ -73,8 +92,12 @@ def test_no_sp_unless_parallel_enables_it():
     for T in (8, 9, 40):
         assert plan_forward(T, e) == ForwardPlan(T, T, False, None)
     # ... nor does the MoE backend rule fire.
-    e = EngineConfig(TINY, ParallelConfig(2, 1, None), CompilationConfig(PassConfig(True, 8)),
-                     moe_backend="capacity")
+    e = EngineConfig(
+        TINY,
+        ParallelConfig(2, 1, None),
+        CompilationConfig(PassConfig(True, 8)),
+        moe_backend="capacity",
+    )
     assert not plan_forward(9, e).sharded
 
 
@@ -102,6 +125,7 @@ def test_logits_tolerance_grows_with_depth_and_scale():
 
 # ---- world of one ------------------------------------------------------------------------------
 
+
 def test_runner_world_of_one_drafts_and_input_errors():
     try:
         runner = ModelRunner(engine(1, sp=2, spec=3))
@@ -126,23 +150,37 @@ def test_runner_world_of_one_drafts_and_input_errors():
         assert len(one.logits) == 1 and torch.equal(one.logits[0], drafts.logits[0])
         # The stream is fed back: replaying step 1 from another stream changes step 2.
         forced = [None, torch.tensor([7, 7]), torch.tensor([7, 7])]
-        a = runner.propose(out.final_stream, ids.roll(-1), last_token_indices=[1, 4],
-                           draft_tokens=forced)
-        b = runner.propose(torch.zeros_like(out.final_stream), ids.roll(-1),
-                           last_token_indices=[1, 4], draft_tokens=forced)
+        a = runner.propose(
+            out.final_stream, ids.roll(-1), last_token_indices=[1, 4], draft_tokens=forced
+        )
+        b = runner.propose(
+            torch.zeros_like(out.final_stream),
+            ids.roll(-1),
+            last_token_indices=[1, 4],
+            draft_tokens=forced,
+        )
         assert torch.equal(a.tokens[1], forced[1]) and not torch.equal(a.logits[2], b.logits[2])
 
-        with pytest.raises(ValueError, match=r"input_ids: expected token ids in \[0, 240\), got values in \[-1, 3\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"input_ids: expected token ids in \[0, 240\), got values in \[-1, 3\]",
+        ):
             runner.forward(torch.tensor([-1, 3]))
         with pytest.raises(ValueError, match="input_ids: expected at least one token, got 0"):
             runner.forward(torch.zeros(0, dtype=torch.int64))
         with pytest.raises(ValueError, match="input_ids: expected a 1-D int64 tensor"):
             runner.forward(ids.float())
-        with pytest.raises(ValueError, match=r"final_stream: expected a bfloat16 tensor of "
-                                             r"shape \(4, 384\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"final_stream: expected a bfloat16 tensor of "
+            r"shape \(4, 384\)",
+        ):
             runner.propose(out.final_stream, ids[:4])
-        with pytest.raises(ValueError, match=r"last_token_indices: expected a non-empty 1-D "
-                                             r"list of row indices in \[0, 5\), got \[5\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"last_token_indices: expected a non-empty 1-D "
+            r"list of row indices in \[0, 5\), got \[5\]",
+        ):
             runner.propose(out.final_stream, ids, last_token_indices=[5])
         with pytest.raises(ValueError, match="num_steps: expected a positive int"):
             runner.propose(out.final_stream, ids, num_steps=0)
@@ -152,8 +190,11 @@ def test_runner_world_of_one_drafts_and_input_errors():
             runner.propose(out.final_stream, ids, draft_tokens=forced[:2])
         with pytest.raises(TypeError, match="engine: expected an EngineConfig"):
             ModelRunner(TINY)
-        with pytest.raises(ValueError, match=r"tensor_parallel_size=2 x pipeline_parallel_size=1 needs "
-                                             r"torch.distributed with 2 ranks"):
+        with pytest.raises(
+            ValueError,
+            match=r"tensor_parallel_size=2 x pipeline_parallel_size=1 needs "
+            r"torch.distributed with 2 ranks",
+        ):
             init_parallel_groups(ParallelConfig(2))
     finally:
         msd.destroy()
@@ -196,8 +237,13 @@ def engine_groups(rank, tp, pp, self_name):
     if rank >= tp * pp:
         return None
     pp_rank, tp_rank = divmod(rank, tp)
-    return ParallelGroups(TPContext(tp_rank, tp, msd.init(tp_groups[pp_rank])), pp_rank, pp,
-                          pp_groups[tp_rank], self_name)
+    return ParallelGroups(
+        TPContext(tp_rank, tp, msd.init(tp_groups[pp_rank])),
+        pp_rank,
+        pp,
+        pp_groups[tp_rank],
+        self_name,
+    )
 
 
 def digest(t):
@@ -236,8 +282,11 @@ def run_engine(rank, groups, tp, pp):
         padded = -(-T // tp) * tp if T >= THRESHOLD else T
         assert a.plan == ForwardPlan(T, padded, T >= THRESHOLD), tag
         assert not b.plan.sharded and b.plan.padded_tokens == T, tag
-        result = {"T": T, "plan": (a.plan.padded_tokens, a.plan.sharded),
-                  "drafts": [(p.num_tokens, p.padded_tokens, p.sharded) for p in da.plans]}
+        result = {
+            "T": T,
+            "plan": (a.plan.padded_tokens, a.plan.sharded),
+            "drafts": [(p.num_tokens, p.padded_tokens, p.sharded) for p in da.plans],
+        }
         # Every stage's MoE choices in model order (layers, then the draft steps) for the replay.
         recorded = [t.cpu() for t in trace.recorded]
         if pp > 1:
@@ -247,8 +296,12 @@ def run_engine(rank, groups, tp, pp):
         if not on.is_last_stage:
             assert a.logits is None and a.final_stream is None and da.logits == [], tag
             rows_sent = shard_rows(a.plan.padded_tokens, tp) if a.plan.sharded else T
-            assert sent[-1] == [(rows_sent, 96), (rows_sent, 4, 96), (rows_sent, 4),
-                                (rows_sent, 4, 4)], tag
+            assert sent[-1] == [
+                (rows_sent, 96),
+                (rows_sent, 4, 96),
+                (rows_sent, 4),
+                (rows_sent, 4, 4),
+            ], tag
             results.append(result)
             continue
         assert torch.equal(e.logits, a.logits), tag + " eager path"
@@ -264,18 +317,21 @@ def run_engine(rank, groups, tp, pp):
             if tp == 2:
                 assert torch.equal(x, y), f"{tag} SP on vs off {name}"
             else:
-                torch.testing.assert_close(x.float(), y.float(), atol=3e-2, rtol=2e-2,
-                                           msg=lambda m: f"{tag} {name}: {m}")
+                torch.testing.assert_close(
+                    x.float(), y.float(), atol=3e-2, rtol=2e-2, msg=lambda m: f"{tag} {name}: {m}"
+                )
         # ... and matches tp=1 on the same weights, step by step, with the routing and the
         # drafted tokens replayed from this run.
         replay = RoutingTrace(recorded)
         r = ref.forward(ids, return_final_stream=True, routing=replay)
-        dr = ref.propose(r.final_stream, nxt, last_token_indices=rows, draft_tokens=da.tokens,
-                         routing=replay)
+        dr = ref.propose(
+            r.final_stream, nxt, last_token_indices=rows, draft_tokens=da.tokens, routing=replay
+        )
         depth = TINY.num_layers
         for name, x, y, layers in [("logits", a.logits, r.logits, depth)] + [
-                (f"draft step {j}", x, y, depth + j + 1)
-                for j, (x, y) in enumerate(zip(da.logits, dr.logits))]:
+            (f"draft step {j}", x, y, depth + j + 1)
+            for j, (x, y) in enumerate(zip(da.logits, dr.logits))
+        ]:
             diff, tol = (x - y).abs().max().item(), logits_tolerance(layers, y)
             assert diff <= tol, f"{tag} vs tp=1 {name}: max_abs_diff={diff} > {tol}"
         results.append(result)
@@ -347,11 +403,12 @@ def test_engine_on_six_ranks(world, tp, pp):
     plans = [[(x["T"], x["plan"]) for x in rank] for rank in per_rank]
     assert all(p == plans[0] for p in plans)
     cases = token_cases(tp, pp)
-    assert plans[0] == [(T, ((-(-T // tp) * tp, True) if T >= THRESHOLD else (T, False)))
-                        for T in cases]
+    assert plans[0] == [
+        (T, ((-(-T // tp) * tp, True) if T >= THRESHOLD else (T, False))) for T in cases
+    ]
     # The last stage's TP ranks hold the same gathered final stream, drafted the same tokens and
     # planned every draft step on its own: step 0 on all T rows, later steps on the selected rows.
-    last = per_rank[(pp - 1) * tp:]
+    last = per_rank[(pp - 1) * tp :]
     for key in ("final_stream", "draft_tokens", "drafts"):
         assert all([x[key] for x in rank] == [x[key] for x in last[0]] for rank in last), key
     for x in last[0]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shm transport's protocol on a spawned world of 3 ranks (on the 2 cores of CI): 1,000
 back-to-back calls with changing token counts (epochs reused, the workspace grown), ranks that
 disagree on a call, a stalled rank, the V4 model's SP check, and a rank killed in the middle of a
@@ -18,7 +19,7 @@ from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import ParallelConfig
 from mhc_sp.testing import random_inputs
-from test_sp_ops import partials_for, rank_order_sum
+from test_sp_ops import partials_for
 
 TIMEOUT_S = 4.0  # the workspace's timeout in these worlds: a stalled peer fails within it
 
@@ -30,8 +31,15 @@ def back_to_back(rank, world, group, calls=1000):
     order), the fused ops against the reference on every 25th call and every large one."""
     gen = torch.Generator().manual_seed(1234)
     H, n = 32, 4
-    kinds = ("layer_sharded", "layer_replicated", "head_sharded", "entry_sharded", "all_reduce",
-             "all_gather", "reduce_scatter")
+    kinds = (
+        "layer_sharded",
+        "layer_replicated",
+        "head_sharded",
+        "entry_sharded",
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+    )
     largest = 0
     for call in range(calls):
         kind = kinds[int(torch.randint(len(kinds), (1,), generator=gen))]
@@ -59,32 +67,63 @@ def back_to_back(rank, world, group, calls=1000):
         sharded = kind != "layer_replicated"
         rows = -(-T // world) if sharded else T
         first, valid = (rank * rows, max(0, min(rows, T - rank * rows))) if sharded else (0, T)
-        res, post, comb = ((R.shard_tokens(i[k], rank, world) if sharded else i[k])
-                           for k in ("residual", "post", "comb"))
+        res, post, comb = (
+            (R.shard_tokens(i[k], rank, world) if sharded else i[k])
+            for k in ("residual", "post", "comb")
+        )
         partials = partials_for(world, T, H, seed=call)
-        x = rank_order_sum(partials)
+        x = R.sum_partials(partials)
         if kind == "entry_sharded":
             proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
             got = ops.fused_entry(i["x"], *proj, group, True)
             full = verify and ops.mhc_pre_broadcast(i["x"], *proj)
             stream_outputs, gathered = (0, 1, 2), 3
         elif kind == "head_sharded":
-            got = ops.fused_head(partials[rank], res, post, comb, i["head_fn"], i["head_scale"],
-                                 i["head_base"], group, True, T)
+            got = ops.fused_head(
+                partials[rank],
+                res,
+                post,
+                comb,
+                i["head_fn"],
+                i["head_scale"],
+                i["head_base"],
+                group,
+                True,
+                T,
+            )
             if verify:
                 stream = ops.mhc_post(x, i["residual"], i["post"], i["comb"])
                 full = (ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"]), stream)
             stream_outputs, gathered = (1,), 0
         else:
-            got = ops.fused_layer(partials[rank], res, post, comb, i["fn"], i["scale"], i["base"],
-                                  i["norm_weight"], group, sharded, T)
-            full = verify and ops.mhc_post_pre(x, i["residual"], i["post"], i["comb"], i["fn"],
-                                               i["scale"], i["base"], i["norm_weight"])
+            got = ops.fused_layer(
+                partials[rank],
+                res,
+                post,
+                comb,
+                i["fn"],
+                i["scale"],
+                i["base"],
+                i["norm_weight"],
+                group,
+                sharded,
+                T,
+            )
+            full = verify and ops.mhc_post_pre(
+                x,
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                i["norm_weight"],
+            )
             stream_outputs, gathered = (0, 1, 2), 3
         if verify:
             assert torch.equal(got[gathered], full[gathered]), tag
             for k in stream_outputs:
-                own = full[k][first:first + valid]
+                own = full[k][first : first + valid]
                 assert torch.equal(got[k][:valid], own), f"{tag} output {k}"
                 assert torch.count_nonzero(got[k][valid:]) == 0, f"{tag} output {k} padding rows"
     return largest
@@ -107,10 +146,14 @@ def worker_protocol(rank, world):
     T = 5 + (rank == 1)
     partial = partials_for(world, 6, H, seed=2)[rank]
     res, post, comb = (R.shard_tokens(i[k][:T], rank, world) for k in ("residual", "post", "comb"))
-    with pytest.raises(ValueError, match=r"^num_tokens: ranks disagree on fused_layer: rank 0 "
-                                         r"passed 5, rank 1 passed 6"):
-        ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True,
-                        T)
+    with pytest.raises(
+        ValueError,
+        match=r"^num_tokens: ranks disagree on fused_layer: rank 0 "
+        r"passed 5, rank 1 passed 6",
+    ):
+        ops.fused_layer(
+            partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T
+        )
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="workspace is broken"):
         ops.all_reduce(partial, group)
@@ -118,12 +161,18 @@ def worker_protocol(rank, world):
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
     x = torch.ones(3, H)
     assert torch.equal(ops.all_reduce(x, group), x * world)
-    with pytest.raises(ValueError, match=r"^group: ranks disagree on all_reduce: rank 0 called "
-                                         r"all_reduce as call \d+, rank 1 called all_gather"):
+    with pytest.raises(
+        ValueError,
+        match=r"^group: ranks disagree on all_reduce: rank 0 called "
+        r"all_reduce as call \d+, rank 1 called all_gather",
+    ):
         ops.all_reduce(x, group) if rank != 1 else ops.all_gather(x, group)
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
-    with pytest.raises(ValueError, match=r"^x: ranks disagree on all_gather: rank 0 passed 3 rows "
-                                         r"of 16 elements, rank 2 passed 3 rows of 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"^x: ranks disagree on all_gather: rank 0 passed 3 rows "
+        r"of 16 elements, rank 2 passed 3 rows of 8",
+    ):
         ops.all_gather(torch.ones(3, 8 if rank == 2 else H), group)
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
 
@@ -135,8 +184,9 @@ def worker_protocol(rank, world):
     else:
         start = time.monotonic()
         # The first rank to give up says so, the others that it gave up while rank 1 was missing.
-        with pytest.raises(RuntimeError,
-                           match=r"rank 1 (did not reach all_reduce within 4 s|had not arrived)"):
+        with pytest.raises(
+            RuntimeError, match=r"rank 1 (did not reach all_reduce within 4 s|had not arrived)"
+        ):
             ops.all_reduce(x, group)
         report["stall_s"] = time.monotonic() - start
     group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
@@ -149,9 +199,21 @@ def worker_protocol(rank, world):
     i = random_inputs(T, 4, H, seed=3)
     partial = partials_for(world, T, H, seed=4)[rank]
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
+
     def call():
-        return ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"],
-                               i["norm_weight"], group, True, T)
+        return ops.fused_layer(
+            partial,
+            res,
+            post,
+            comb,
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            True,
+            T,
+        )
 
     if rank == 2:
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -174,10 +236,9 @@ def worker_protocol(rank, world):
 
 def model_check(rank, world):
     """The V4 model's SP forward on the shm transport matches the tp=1 model (runner tolerance)."""
-    from test_runner import TINY, engine
-
     from mhc_sp.model import RoutingTrace, TPContext
     from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
+    from test_runner import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(world), "cpu")
     assert msd.transport(groups.tp.group, "cpu") == "shm"
@@ -207,8 +268,9 @@ def test_protocol_growth_mismatch_stall_model_and_killed_rank():
 
 def test_transport_arguments():
     """Checked before anything is registered or exchanged (here on a world of one)."""
-    with pytest.raises(ValueError,
-                       match=r"^transport: expected one of 'auto', 'shm', 'gloo' for device 'cpu'"):
+    with pytest.raises(
+        ValueError, match=r"^transport: expected one of 'auto', 'shm', 'gloo' for device 'cpu'"
+    ):
         msd.init(device="cpu", transport="nvlink")
     with pytest.raises(ValueError, match=r"^transport: 'shm' does not serve cuda tensors"):
         msd.init(device="cuda", transport="shm")

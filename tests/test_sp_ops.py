@@ -1,7 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
 """Collectives and fused boundary ops on real worlds of 2, 3 and 4 spawned ranks (4 ranks share
 the 2 cores of CI), every rank's outputs against mhc_sp.reference computed on the full tensors in
 one process. On CPU every case runs on both transports in the same world: shm (the group's
-default, one pass over shared memory) and gloo (a second group over the same ranks)."""
+default, one pass over shared memory) and gloo (a second group over the same ranks). Both sum
+partials exactly as reference.sum_partials does (rank order, from +0), so they agree bit for bit
+with it and with each other for every world size."""
 
 import hashlib
 import time
@@ -23,12 +26,16 @@ def partials_for(world, rows, H, seed):
     return [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(world)]
 
 
-def rank_order_sum(partials):
-    """DESIGN §3b: the fp32 sum in rank order 0..tp-1, rounded once to bf16."""
-    acc = partials[0].float()
-    for p in partials[1:]:
-        acc = acc + p.float()
-    return acc.to(partials[0].dtype)
+#: Transports whose reductions are reference.sum_partials bit for bit (NCCL adds in bf16).
+EXACT_TRANSPORTS = ("shm", "gloo", "symm")
+
+
+def same_bits(a, b):
+    """Bitwise equality, signed zeros included (torch.equal takes -0 == +0)."""
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.view(ints[a.element_size()]), b.view(ints[b.element_size()]))
 
 
 def stream_for(full, rank, world, sharded):
@@ -63,8 +70,12 @@ def boundary_cases(world):
     for T in sorted({0, 1, world - 1, world + 1, 7, 33, 1000}):
         for sharded in (True, False):
             cases.append((T, 0, 4, 64, sharded, True))
-    cases += [(13, 3, 4, 96, True, False), (10, (-10) % world, 2, 64, True, True),
-              (10, 2, 4, 64, False, True), (5, 0, 4, 40, True, True)]
+    cases += [
+        (13, 3, 4, 96, True, False),
+        (10, (-10) % world, 2, 64, True, True),
+        (10, 2, 4, 64, False, True),
+        (5, 0, 4, 40, True, True),
+    ]
     return cases
 
 
@@ -79,8 +90,9 @@ def run_case(rank, world, group, device, case_id, case):
     """Every fused op and collective of one case on `group`, checked against the reference.
     Returns this rank's outputs (on the CPU) by name."""
     T, extra, n, H, sharded, norm = case
-    tag = (f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} "
-           f"norm={norm}]")
+    tag = (
+        f"[world={world} rank={rank} T={T} extra={extra} n={n} H={H} sharded={sharded} norm={norm}]"
+    )
     on = lambda t: t.to(device)  # noqa: E731
     cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
     i = random_inputs(T, n, H, seed=100 + case_id)
@@ -92,8 +104,9 @@ def run_case(rank, world, group, device, case_id, case):
 
     # fused_entry: the embedding output x is replicated.
     exp = R.fused_entry(i["x"], i["fn"], i["scale"], i["base"], w, world, sharded, CFG)[rank]
-    got = out["entry"] = cpu(ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group,
-                                             sharded))
+    got = out["entry"] = cpu(
+        ops.fused_entry(d["x"], d["fn"], d["scale"], d["base"], dw, group, sharded)
+    )
     assert torch.equal(got[0], exp[0]), tag + " entry residual"
     for name, a, b in zip(("post", "comb", "layer_input"), got[1:], exp[1:]):
         assert_close(a, b, f"{tag} entry {name}")
@@ -106,19 +119,54 @@ def run_case(rank, world, group, device, case_id, case):
     residuals = [stream_for(i["residual"], r, world, sharded) for r in range(world)]
     posts = [stream_for(i["post"], r, world, sharded) for r in range(world)]
     combs = [stream_for(i["comb"], r, world, sharded) for r in range(world)]
-    exp = R.fused_layer(partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w,
-                        sharded, T, CFG)[rank]
-    got = out["layer"] = cpu(ops.fused_layer(on(partials[rank]), on(residuals[rank]),
-                                             on(posts[rank]), on(combs[rank]), d["fn"], d["scale"],
-                                             d["base"], dw, group, sharded, T))
+    exp = R.fused_layer(
+        partials, residuals, posts, combs, i["fn"], i["scale"], i["base"], w, sharded, T, CFG
+    )[rank]
+    got = out["layer"] = cpu(
+        ops.fused_layer(
+            on(partials[rank]),
+            on(residuals[rank]),
+            on(posts[rank]),
+            on(combs[rank]),
+            d["fn"],
+            d["scale"],
+            d["base"],
+            dw,
+            group,
+            sharded,
+            T,
+        )
+    )
     check_layer_outputs(got, exp, i, w, tag + " layer", pad)
 
     # fused_head
-    exp = R.fused_head(partials, residuals, posts, combs, i["head_fn"], i["head_scale"],
-                       i["head_base"], sharded, T, CFG.rms_eps, CFG.hc_eps)[rank]
-    got = out["head"] = cpu(ops.fused_head(on(partials[rank]), on(residuals[rank]), on(posts[rank]),
-                                           on(combs[rank]), d["head_fn"], d["head_scale"],
-                                           d["head_base"], group, sharded, T))
+    exp = R.fused_head(
+        partials,
+        residuals,
+        posts,
+        combs,
+        i["head_fn"],
+        i["head_scale"],
+        i["head_base"],
+        sharded,
+        T,
+        CFG.rms_eps,
+        CFG.hc_eps,
+    )[rank]
+    got = out["head"] = cpu(
+        ops.fused_head(
+            on(partials[rank]),
+            on(residuals[rank]),
+            on(posts[rank]),
+            on(combs[rank]),
+            d["head_fn"],
+            d["head_scale"],
+            d["head_base"],
+            group,
+            sharded,
+            T,
+        )
+    )
     assert_close(got[0], exp[0], tag + " head hidden")
     assert_close(got[1], exp[1], tag + " head residual_out")
     if pad is not None:
@@ -139,33 +187,41 @@ def run_case(rank, world, group, device, case_id, case):
     return out
 
 
-def check_rank_order_bitwise(rank, world, case, out):
-    """The shm transport's sums are the fp32 rank-order sum, bit for bit, wherever they are made:
-    the plain collectives, and the reduction fused_layer and fused_head fold into their post."""
+def run_on(device, op, *args):
+    """op on `device` (tensor arguments moved there), its outputs back on the CPU."""
+    out = op(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+    return out.cpu() if isinstance(out, torch.Tensor) else [t.cpu() for t in out]
+
+
+def check_rank_order_bitwise(rank, world, case, out, device):
+    """A transport's sums are reference.sum_partials, bit for bit, wherever they are made: the
+    plain collectives, and the reduction fused_layer and fused_head fold into their post (whose
+    outputs are then those of the single-device ops on `device` given the summed x)."""
     T, _, _, _, sharded, _ = case
     i, partials, residual, post, comb, w = out["inputs"]
-    total = rank_order_sum([p[:T] for p in partials]) if T else partials[0][:0]
-    assert torch.equal(out["all_reduce"], rank_order_sum(partials))
-    assert torch.equal(out["reduce_scatter"], R.shard_tokens(rank_order_sum(partials), rank, world))
+    total = R.sum_partials([p[:T] for p in partials]) if T else partials[0][:0]
+    assert same_bits(out["all_reduce"], R.sum_partials(partials))
+    assert same_bits(out["reduce_scatter"], R.shard_tokens(R.sum_partials(partials), rank, world))
     x = R.shard_tokens(total, rank, world) if sharded else total
     valid = max(0, min(x.shape[0], T - rank * x.shape[0])) if sharded else T
-    alone = ops.mhc_post_pre(x[:valid], residual[:valid], post[:valid], comb[:valid], i["fn"],
-                             i["scale"], i["base"], w)
+    stream = (x[:valid], residual[:valid], post[:valid], comb[:valid])
+    alone = run_on(device, ops.mhc_post_pre, *stream, i["fn"], i["scale"], i["base"], w)
     for a, b in zip(out["layer"][:3], alone[:3]):
-        assert torch.equal(a[:valid], b)
+        assert same_bits(a[:valid], b)
     start = rank * x.shape[0] if sharded else 0
-    assert torch.equal(out["layer"][3][start:start + valid], alone[3])
-    alone_post = ops.mhc_post(x[:valid], residual[:valid], post[:valid], comb[:valid])
-    assert torch.equal(out["head"][1][:valid], alone_post)
-    hidden = ops.hc_head(alone_post, i["head_fn"], i["head_scale"], i["head_base"])
-    assert torch.equal(out["head"][0][start:start + valid], hidden)
+    assert same_bits(out["layer"][3][start : start + valid], alone[3])
+    alone_post = run_on(device, ops.mhc_post, *stream)
+    assert same_bits(out["head"][1][:valid], alone_post)
+    hidden = run_on(device, ops.hc_head, alone_post, i["head_fn"], i["head_scale"], i["head_base"])
+    assert same_bits(out["head"][0][start : start + valid], hidden)
 
 
 def wide_partials(world, rows, H, seed):
     """Partials whose fp32 sum depends on the order of the terms (sums of bf16 values of similar
     size are exact in fp32): magnitudes 2^-12..2^12 apart, and in every row a few columns where
     ranks 0 and 1 cancel a large value and rank 2 adds a normal one (V - V + c = c, while
-    c - V + V is c rounded to V's fp32 ulp); signed zeros planted besides."""
+    c - V + V is c rounded to V's fp32 ulp); columns 8..15 are -0 on every rank (they sum to +0)
+    and columns 16..23 +0 on rank 0 and -0 on the others."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(world):
@@ -175,43 +231,54 @@ def wide_partials(world, rows, H, seed):
         big = torch.randn(rows, 8, generator=g) * 2.0**20
         out[0][:, :8], out[1][:, :8], out[2][:, :8] = big, -big, torch.randn(rows, 8, generator=g)
     out = [p.to(torch.bfloat16) for p in out]
-    for p in out:
+    for r, p in enumerate(out):
         p[:, 8:16] = -0.0
+        p[:, 16:24] = 0.0 if r == 0 else -0.0
     return out
 
 
-def check_wide_range_sums(rank, world, group):
-    """The shm sums are the rank-order ones bit for bit on inputs where the order matters."""
+def check_wide_range_sums(rank, world, group, device):
+    """A transport's sums are reference.sum_partials bit for bit on inputs where the order of the
+    terms matters (worlds of 3 and more) and on signed zeros: from +0, -0 + -0 + ... is +0."""
     T, n, H = 2 * world + 3, 4, 64
     partials = wide_partials(world, T, H, seed=31)
-    total = rank_order_sum(partials)
+    total = R.sum_partials(partials)
     if world > 2:
-        assert not torch.equal(total, rank_order_sum(partials[::-1])), "orders give the same sums"
-    assert torch.equal(ops.all_reduce(partials[rank], group), total)
+        assert not torch.equal(total, R.sum_partials(partials[::-1])), "orders give the same sums"
+    assert (total[:, 8:24].view(torch.int16) == 0).all(), "signed zeros must sum to +0"
+    assert same_bits(run_on(device, ops.all_reduce, partials[rank], group), total)
     shard = R.shard_tokens(total, rank, world)
-    assert torch.equal(ops.reduce_scatter(partials[rank], group), shard)
+    assert same_bits(run_on(device, ops.reduce_scatter, partials[rank], group), shard)
+    if device.type == "cpu":  # fp32 data, summed in fp32 (symm sums bf16; other dtypes go to NCCL)
+        wide32 = [p.float() for p in partials]
+        assert same_bits(
+            run_on(device, ops.all_reduce, wide32[rank], group), R.sum_partials(wide32)
+        )
+        assert same_bits(
+            run_on(device, ops.reduce_scatter, wide32[rank], group), R.reduce_scatter(wide32)[rank]
+        )
     i = random_inputs(T, n, H, seed=32)
     proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
-    alone = ops.mhc_post_pre(total, i["residual"], i["post"], i["comb"], *proj)
-    stream = ops.mhc_post(total, i["residual"], i["post"], i["comb"])
+    head_w = (i["head_fn"], i["head_scale"], i["head_base"])
+    alone = run_on(device, ops.mhc_post_pre, total, i["residual"], i["post"], i["comb"], *proj)
+    stream = run_on(device, ops.mhc_post, total, i["residual"], i["post"], i["comb"])
+    hidden = run_on(device, ops.hc_head, stream, *head_w)
     rows = -(-T // world)
     first, valid = rank * rows, min(rows, T - rank * rows)
     for sharded in (True, False):
         own = (lambda t: R.shard_tokens(t, rank, world)) if sharded else (lambda t: t)  # noqa: E731
-        got = ops.fused_layer(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]),
-                              *proj, group, sharded, T)
+        mine = (partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]))
+        got = run_on(device, ops.fused_layer, *mine, *proj, group, sharded, T)
         lo, hi = (first, first + valid) if sharded else (0, T)
         for a, b in zip(got[:3], alone[:3]):
-            assert torch.equal(a[: hi - lo], b[lo:hi])
-        assert torch.equal(got[3], alone[3])
-        head = ops.fused_head(partials[rank], own(i["residual"]), own(i["post"]), own(i["comb"]),
-                              i["head_fn"], i["head_scale"], i["head_base"], group, sharded, T)
-        assert torch.equal(head[1][: hi - lo], stream[lo:hi])
-        hidden = ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"])
-        assert torch.equal(head[0], hidden)
+            assert same_bits(a[: hi - lo], b[lo:hi])
+        assert same_bits(got[3], alone[3])
+        head = run_on(device, ops.fused_head, *mine, *head_w, group, sharded, T)
+        assert same_bits(head[1][: hi - lo], stream[lo:hi])
+        assert same_bits(head[0], hidden)
 
 
-def worker_fused_ops(rank, world, device_type="cpu"):
+def worker_fused_ops(rank, world, device_type="cpu", transport="auto"):
     """Every fused op and collective on this rank vs the reference (computed on CPU); on CPU on
     the shm and the gloo transport, compared with each other. Returns (cases checked, digests of
     the replicated cases' outputs, which every rank must share)."""
@@ -219,9 +286,13 @@ def worker_fused_ops(rank, world, device_type="cpu"):
 
     import mhc_sp.distributed as msd
 
-    group = msd.init(device=device_type)
+    group = msd.init(device=device_type, transport=transport)
     assert msd.rank_and_world(group) == (rank, world)
-    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
     groups = {msd.transport(group, device_type): group}
     if device_type == "cpu":
         assert msd.transport(group, "cpu") == "shm"
@@ -229,20 +300,24 @@ def worker_fused_ops(rank, world, device_type="cpu"):
         assert msd.transport(gloo, "cpu") == "gloo"
         groups["gloo"] = gloo
     checked, replicated = 0, []
+    exact = [name for name in groups if name in EXACT_TRANSPORTS]
     for case_id, case in enumerate(boundary_cases(world)):
         outs = {name: run_case(rank, world, g, device, case_id, case) for name, g in groups.items()}
-        if "shm" in outs:
-            check_rank_order_bitwise(rank, world, case, outs["shm"])
-            if world == 2:  # a sum of two is the same in any order: the transports agree bitwise
-                for op in ("entry", "layer", "head"):
-                    for a, b in zip(outs["shm"][op], outs["gloo"][op]):
-                        assert torch.equal(a, b), f"world 2 case {case}: shm vs gloo {op}"
-            if not case[4]:
-                shm = outs["shm"]
-                replicated.append(digest([*shm["layer"], *shm["head"], shm["all_reduce"]]))
+        for name in exact:
+            check_rank_order_bitwise(rank, world, case, outs[name], device)
+        if "shm" in outs:  # the same sums and kernels: the CPU transports agree bit for bit
+            shm, gloo = outs["shm"], outs["gloo"]
+            for op in ("entry", "layer", "head"):
+                for a, b in zip(shm[op], gloo[op]):
+                    assert same_bits(a, b), f"world {world} case {case}: shm vs gloo {op}"
+            for op in ("all_reduce", "reduce_scatter"):
+                assert same_bits(shm[op], gloo[op]), f"world {world} case {case}: {op}"
+        if not case[4]:
+            first = outs[next(iter(groups))]
+            replicated.append(digest([*first["layer"], *first["head"], first["all_reduce"]]))
         checked += 1
-    if "shm" in groups:
-        check_wide_range_sums(rank, world, groups["shm"])
+    for name in exact:
+        check_wide_range_sums(rank, world, groups[name], device)
     fp32 = partials_for(world, 9, 8, seed=7)
     fp32 = [p.float() for p in fp32]
     for g in groups.values():
@@ -273,12 +348,25 @@ def worker_compiled_boundary(rank, world):
     comb = R.shard_tokens(i["comb"], rank, world)
 
     def boundary(partial, residual, post, comb):
-        out = ops.fused_layer(partial, residual, post, comb, i["fn"], i["scale"], i["base"],
-                              i["norm_weight"], group, True, T)
+        out = ops.fused_layer(
+            partial,
+            residual,
+            post,
+            comb,
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            True,
+            T,
+        )
         return out[0], out[3] * 2
 
     compiled = torch.compile(boundary, fullgraph=True)
-    for a, b in zip(compiled(partials[rank], res, post, comb), boundary(partials[rank], res, post, comb)):
+    for a, b in zip(
+        compiled(partials[rank], res, post, comb), boundary(partials[rank], res, post, comb)
+    ):
         assert torch.equal(a, b)
     return True
 
@@ -297,15 +385,39 @@ def worker_wrong_shape(rank, world):
     res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
     if rank == 1:
         with pytest.raises(ValueError, match="^partial: expected size 64 at dim 1"):
-            ops.fused_layer(partial[:, :32].contiguous(), res, post, comb, i["fn"], i["scale"],
-                            i["base"], None, group, True, T)
+            ops.fused_layer(
+                partial[:, :32].contiguous(),
+                res,
+                post,
+                comb,
+                i["fn"],
+                i["scale"],
+                i["base"],
+                None,
+                group,
+                True,
+                T,
+            )
         with pytest.raises(ValueError, match=r"^residual: expected 2 rows"):
-            ops.fused_layer(partial, i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                            i["base"], None, group, True, T)
+            ops.fused_layer(
+                partial,
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                None,
+                group,
+                True,
+                T,
+            )
         return "raised"
     start = time.monotonic()
     with pytest.raises(RuntimeError):
-        ops.fused_layer(partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T)
+        ops.fused_layer(
+            partial, res, post, comb, i["fn"], i["scale"], i["base"], None, group, True, T
+        )
     return time.monotonic() - start
 
 
@@ -367,13 +479,38 @@ def test_world_of_one_without_torch_distributed():
     T, n, H = 5, 4, 64
     i = random_inputs(T, n, H, seed=8)
     for sharded in (True, False):
-        got = ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"],
-                              i["base"], i["norm_weight"], group, sharded, T)
-        exp = R.fused_layer([i["x"]], [i["residual"]], [i["post"]], [i["comb"]], i["fn"], i["scale"],
-                            i["base"], i["norm_weight"], sharded, T, CFG)[0]
+        got = ops.fused_layer(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            group,
+            sharded,
+            T,
+        )
+        exp = R.fused_layer(
+            [i["x"]],
+            [i["residual"]],
+            [i["post"]],
+            [i["comb"]],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            i["norm_weight"],
+            sharded,
+            T,
+            CFG,
+        )[0]
         check_layer_outputs(got, exp, i, i["norm_weight"], f"world1 sharded={sharded}")
     x = torch.randn(6, 3)
-    assert torch.equal(ops.all_gather(x, group), x) and ops.all_gather(x, group).data_ptr() != x.data_ptr()
+    assert (
+        torch.equal(ops.all_gather(x, group), x)
+        and ops.all_gather(x, group).data_ptr() != x.data_ptr()
+    )
     assert torch.equal(ops.reduce_scatter(x, group), x)
     assert torch.equal(ops.all_reduce(x, group), x)
     with pytest.raises(ValueError, match=r"^num_tokens: expected -1 or a value in \[0, 6\]"):
@@ -381,21 +518,62 @@ def test_world_of_one_without_torch_distributed():
     with pytest.raises(ValueError, match=r"^rank: expected a value in \[0, 2\)"):
         ops.shard_tokens(x, 2, 2)
     with pytest.raises(ValueError, match=r"^num_tokens: expected a value in \[0, 5\]"):
-        ops.fused_layer(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"],
-                        None, group, True, 6)
+        ops.fused_layer(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["scale"],
+            i["base"],
+            None,
+            group,
+            True,
+            6,
+        )
     with pytest.raises(TypeError, match="^x: expected dtype BFloat16"):
         ops.fused_entry(i["x"].float(), i["fn"], i["scale"], i["base"], None, group, True)
     with pytest.raises(ValueError, match=r"^fn: expected size 24 at dim 0"):
         ops.fused_entry(i["x"], i["head_fn"], i["scale"], i["base"], None, group, True)
     with pytest.raises(ValueError, match=r"^head_fn: expected size 4 at dim 0"):
-        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["fn"], i["head_scale"],
-                       i["head_base"], group, True, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["fn"],
+            i["head_scale"],
+            i["head_base"],
+            group,
+            True,
+            T,
+        )
     with pytest.raises(ValueError, match=r"^head_scale: expected size 1"):
-        ops.fused_head(i["x"], i["residual"], i["post"], i["comb"], i["head_fn"], i["scale"],
-                       i["head_base"], group, True, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"],
+            i["post"],
+            i["comb"],
+            i["head_fn"],
+            i["scale"],
+            i["head_base"],
+            group,
+            True,
+            T,
+        )
     with pytest.raises(ValueError, match=r"^residual: expected 5 rows"):
-        ops.fused_head(i["x"], i["residual"][:4].contiguous(), i["post"][:4].contiguous(),
-                       i["comb"][:4].contiguous(), i["head_fn"], i["head_scale"], i["head_base"], group, False, T)
+        ops.fused_head(
+            i["x"],
+            i["residual"][:4].contiguous(),
+            i["post"][:4].contiguous(),
+            i["comb"][:4].contiguous(),
+            i["head_fn"],
+            i["head_scale"],
+            i["head_base"],
+            group,
+            False,
+            T,
+        )
     msd.destroy()
     with pytest.raises(ValueError, match="not initialised with mhc_sp"):
         ops.all_reduce(x, group)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``mhc-sp-bench tune`` (and the cost model's answer in ``project``): the threshold rule, the
 verdict, a tiny measured run on two gloo ranks, the README's default job."""
 
@@ -11,8 +12,10 @@ from mhc_sp.bench.tune_cmd import QUICK, recommend, verdict
 
 def rows_of(*pairs, start=1):
     """Rows at 1, 4, 16, ... tokens with (with SP, without SP) times in ms."""
-    return [{"tokens": start * 4 ** k, "sharded_ms": s, "replicated_ms": r, "speedup": r / s}
-            for k, (s, r) in enumerate(pairs)]
+    return [
+        {"tokens": start * 4**k, "sharded_ms": s, "replicated_ms": r, "speedup": r / s}
+        for k, (s, r) in enumerate(pairs)
+    ]
 
 
 def test_threshold_is_where_sp_stays_faster():
@@ -37,20 +40,42 @@ def test_verdict_ends_with_the_recommended_flag():
     rows = rows_of((1, 2), (3, 2), (5, 4), (7, 8), (20, 30))
     lines = verdict(rows, 64, tp=2, max_capture=0)
     assert lines[-1] == "recommended: --sp-threshold 64"
-    assert lines[0].startswith("Verdict: with SP (the stream split over 2 ranks) a boundary is "
-                               "faster from 64 tokens on: 1.14x at 64 tokens, 1.50x at 256.")
+    assert lines[0].startswith(
+        "Verdict: with SP (the stream split over 2 ranks) a boundary is "
+        "faster from 64 tokens on: 1.14x at 64 tokens, 1.50x at 256."
+    )
     assert "slower at 2 of the 3 sizes measured" in lines[1]
     lines = verdict(rows_of((3, 2), (5, 4)), None, tp=2, max_capture=0)
     assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
-    assert lines[0].startswith("Verdict: with SP a boundary was not faster at 4 tokens, the "
-                               "largest count measured")
+    assert lines[0].startswith(
+        "Verdict: with SP a boundary was not faster at 4 tokens, the largest count measured"
+    )
 
 
 def test_tiny_tune_on_two_ranks(tmp_path, capfd):
     path = tmp_path / "tune.json"
-    code = cli.main(["tune", "-tp", "2", "--hidden-size", "64", "--tokens", "1,8", "--warmup", "0",
-                     "--repeats", "2", "--max-cudagraph-capture-size", "4", "--device", "cpu",
-                     "--calibrate", "--json", str(path)])
+    code = cli.main(
+        [
+            "tune",
+            "-tp",
+            "2",
+            "--hidden-size",
+            "64",
+            "--tokens",
+            "1,8",
+            "--warmup",
+            "0",
+            "--repeats",
+            "2",
+            "--max-cudagraph-capture-size",
+            "4",
+            "--device",
+            "cpu",
+            "--calibrate",
+            "--json",
+            str(path),
+        ]
+    )
     out, err = capfd.readouterr()
     assert code == 0, err
     # Progress while measuring, on stderr; the capture size + 1 is measured too.
@@ -69,8 +94,11 @@ def test_tiny_tune_on_two_ranks(tmp_path, capfd):
     # The recommendation follows the rule on the measured rows and respects the capture size.
     expected = recommend(doc["rows"], 4)
     assert doc["recommended_sp_threshold"] == expected
-    assert lines[-1] == ("recommended: leave --sp-threshold unset (SP off)" if expected is None
-                         else f"recommended: --sp-threshold {expected}")
+    assert lines[-1] == (
+        "recommended: leave --sp-threshold unset (SP off)"
+        if expected is None
+        else f"recommended: --sp-threshold {expected}"
+    )
     assert expected is None or expected > 4
     assert doc["transport"] in ("gloo", "shm") and doc["verdict"][-1] == lines[-1]
 
@@ -84,13 +112,16 @@ def test_default_job_is_a_quick_tune():
     assert cli.parse_args(["tune", *QUICK]) == quick
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["-tp", "1"], "--tensor-parallel-size: SP needs at least 2 ranks, got 1"),
-    (["--repeats", "0"], "--warmup must be >= 0 and --repeats >= 1"),
-    (["--sp-threshold", "8"], "unrecognized arguments: --sp-threshold 8"),
-    (["-tp", "0"], "argument --tensor-parallel-size/-tp: expected a positive integer, got '0'"),
-    (["--transport", "carrier-pigeon", "--device", "cpu"], "--transport: "),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["-tp", "1"], "--tensor-parallel-size: SP needs at least 2 ranks, got 1"),
+        (["--repeats", "0"], "--warmup must be >= 0 and --repeats >= 1"),
+        (["--sp-threshold", "8"], "unrecognized arguments: --sp-threshold 8"),
+        (["-tp", "0"], "argument --tensor-parallel-size/-tp: expected a positive integer, got '0'"),
+        (["--transport", "carrier-pigeon", "--device", "cpu"], "--transport: "),
+    ],
+)
 def test_tune_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["tune", *argv])
@@ -100,8 +131,9 @@ def test_tune_usage_errors(argv, message, capsys):
 def test_project_recommends_a_threshold_above_the_capture_size(capsys):
     assert cli.main(["project", "--tp", "4"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-2].startswith("tp=4 (450 GB/s links, 4800 GB/s memory): the model has fused SP "
-                              "beat replicated TP from ")
+    assert out[-2].startswith(
+        "tp=4 (450 GB/s links, 4800 GB/s memory): the model has fused SP beat replicated TP from "
+    )
     crossover = int(out[-2].split("from ")[1].split(" tokens")[0])
     assert out[-1] == f"recommended: --sp-threshold {crossover}"
     assert cli.main(["project", "--tp", "2,4", "--max-cudagraph-capture-size", "1024"]) == 0

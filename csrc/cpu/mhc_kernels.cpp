@@ -134,8 +134,8 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
   }
 }
 
-// Row t of x over [h0, h1): p.x's own, or the rank-order fp32 sum of p.x_parts rounded once to
-// bf16 (see PostParams), made in a per-thread row that stays in cache.
+// Row t of x over [h0, h1): p.x's own, or the rank-order fp32 sum of p.x_parts from +0 rounded once
+// to bf16 (see PostParams), made in a per-thread row that stays in cache.
 const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
   if (p.x_parts_count == 0) return p.x + t * p.H;
   thread_local std::vector<BFloat16> row;
@@ -143,9 +143,8 @@ const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
   const int64_t off = t * p.H;
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
-    Vec a, b;
-    load16(p.x_parts[0] + off + h, a, b);
-    for (int64_t r = 1; r < p.x_parts_count; ++r) {
+    Vec a(0.f), b(0.f);  // from +0: a position where every part is -0 sums to +0
+    for (int64_t r = 0; r < p.x_parts_count; ++r) {
       Vec c, d;
       load16(p.x_parts[r] + off + h, c, d);
       a = a + c;
@@ -154,8 +153,8 @@ const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
     store16(row.data() + h, a, b);
   }
   for (; h < h1; ++h) {
-    float v = static_cast<float>(p.x_parts[0][off + h]);
-    for (int64_t r = 1; r < p.x_parts_count; ++r) v += static_cast<float>(p.x_parts[r][off + h]);
+    float v = 0.f;
+    for (int64_t r = 0; r < p.x_parts_count; ++r) v += static_cast<float>(p.x_parts[r][off + h]);
     row[h] = BFloat16(v);
   }
   return row.data();

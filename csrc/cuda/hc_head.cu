@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA entry point of hc_head: final collapse with the head weights. Kernels: mhc_sp/cuda/pre.cuh.
 
 #include "mhc_sp/cuda/launch.cuh"
@@ -10,9 +11,8 @@ void hc_head(const BFloat16* residual, const PreParams& p) {
   a.src = bits(residual);
   a.norm_weight = nullptr;  // the head has no norm (PreParams passes none either)
   const bool vec = vector_ok(p.H, residual, p.out);
-  dispatch_hc_mult(p.n, [&](auto n_const) {
-    launch_pre<decltype(n_const)::value, Mode::Head>(a, vec, stream);
-  });
+  dispatch_hc_mult(
+      p.n, [&](auto n_const) { launch_pre<decltype(n_const)::value, Mode::Head>(a, vec, stream); });
 }
 
 }  // namespace mhc_sp::cuda

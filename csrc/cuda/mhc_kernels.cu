@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA entry points of the mHC math ops (mhc_sp::cuda_kernels(), see mhc_sp/kernels.h): thin
 // launchers over the kernels in mhc_sp/cuda/*.cuh; mhc_post is here, the pre family in one
 // translation unit per op (csrc/cuda/*.cu). csrc/mhc_ops.cpp has already validated the arguments,

@@ -1,4 +1,6 @@
-// CUDA entry point of mhc_post_pre: the post (writes residual_out) fused into the next pre. Kernels: mhc_sp/cuda/pre.cuh.
+// SPDX-License-Identifier: Apache-2.0
+// CUDA entry point of mhc_post_pre: the post (writes residual_out) fused into the next pre.
+// Kernels: mhc_sp/cuda/pre.cuh.
 
 #include "mhc_sp/cuda/launch.cuh"
 

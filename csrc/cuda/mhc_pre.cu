@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA entry point of mhc_pre: project and collapse the input stream. Kernels: mhc_sp/cuda/pre.cuh.
 
 #include "mhc_sp/cuda/launch.cuh"
@@ -9,9 +10,8 @@ void mhc_pre(const BFloat16* residual, const PreParams& p) {
   PreArgs a = pre_args(p);
   a.src = bits(residual);
   const bool vec = vector_ok(p.H, residual, p.out);
-  dispatch_hc_mult(p.n, [&](auto n_const) {
-    launch_pre<decltype(n_const)::value, Mode::Pre>(a, vec, stream);
-  });
+  dispatch_hc_mult(
+      p.n, [&](auto n_const) { launch_pre<decltype(n_const)::value, Mode::Pre>(a, vec, stream); });
 }
 
 }  // namespace mhc_sp::cuda

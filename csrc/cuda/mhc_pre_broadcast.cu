@@ -1,4 +1,6 @@
-// CUDA entry point of mhc_pre_broadcast: first layer, x copied into the n streams. Kernels: mhc_sp/cuda/pre.cuh.
+// SPDX-License-Identifier: Apache-2.0
+// CUDA entry point of mhc_pre_broadcast: first layer, x copied into the n streams. Kernels:
+// mhc_sp/cuda/pre.cuh.
 
 #include "mhc_sp/cuda/launch.cuh"
 

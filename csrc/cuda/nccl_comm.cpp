@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NCCL communicator for CUDA tensors: collectives enqueued on the current CUDA stream, so the
 // fused ops never synchronise with the host and can be captured in CUDA graphs.
 
@@ -12,9 +13,9 @@
 namespace mhc_sp {
 namespace {
 
-#define MHC_SP_NCCL_CHECK(call)                                                                   \
-  do {                                                                                            \
-    const ncclResult_t status_ = (call);                                                          \
+#define MHC_SP_NCCL_CHECK(call)                                                                    \
+  do {                                                                                             \
+    const ncclResult_t status_ = (call);                                                           \
     TORCH_CHECK(status_ == ncclSuccess, "NCCL error in " #call ": ", ncclGetErrorString(status_)); \
   } while (0)
 
@@ -33,7 +34,7 @@ ncclDataType_t nccl_dtype(const Tensor& t) {
 }
 
 // bf16 reductions are done by NCCL in bf16 (each ring/tree step rounds), unlike the gloo path,
-// which widens to fp32: within DESIGN's bf16 tolerance for the tensor-parallel sizes in use.
+// which widens to fp32: within the design's bf16 tolerance for the tensor-parallel sizes in use.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int64_t device) : comm_(comm), device_(device) {}
@@ -70,7 +71,8 @@ std::string nccl_unique_id() {
   return std::string(id.internal, sizeof(id.internal));
 }
 
-void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
+                                                     const std::string& unique_id, int64_t device) {
   ncclUniqueId id;
   TORCH_CHECK_VALUE(unique_id.size() == sizeof(id.internal), "unique_id: expected ",
                     sizeof(id.internal), " bytes, got ", unique_id.size());
@@ -78,9 +80,14 @@ void init_nccl_communicator(const std::string& name, const std::string& unique_i
   const GroupHandle g = registered_group(name);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm;
-  MHC_SP_NCCL_CHECK(ncclCommInitRank(&comm, static_cast<int>(g.world), id, static_cast<int>(g.rank)));
+  MHC_SP_NCCL_CHECK(
+      ncclCommInitRank(&comm, static_cast<int>(g.world), id, static_cast<int>(g.rank)));
+  return std::make_unique<NcclCommunicator>(comm, device);
+}
+
+void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
   attach_communicator(name, c10::DeviceType::CUDA, device,
-                      std::make_unique<NcclCommunicator>(comm, device));
+                      make_nccl_communicator(name, unique_id, device));
 }
 
 }  // namespace mhc_sp

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The registry of groups initialised with mhc_sp and the transport each serves per device.
 
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -49,7 +50,8 @@ void register_group(const std::string& name, int64_t rank, int64_t world) {
       TORCH_CHECK_VALUE(false, "group: unknown torch.distributed group '", name, "'");
     }
     TORCH_CHECK_VALUE(pg->getSize() == world && pg->getRank() == rank, "group: '", name,
-                      "' has rank ", pg->getRank(), " of ", pg->getSize(), ", not ", rank, " of ", world);
+                      "' has rank ", pg->getRank(), " of ", pg->getSize(), ", not ", rank, " of ",
+                      world);
     try {
       cpu = make_gloo_communicator(name);
     } catch (const c10::ValueError&) {
@@ -101,11 +103,12 @@ GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg)
   auto& entry = lookup(name);
   if (entry.world == 1) return {0, 1, nullptr};
   if (t.is_cuda()) {
-    TORCH_CHECK_VALUE(entry.cuda, arg, ": group '", name, "' has no NCCL communicator for ", t.device(),
+    TORCH_CHECK_VALUE(entry.cuda, arg, ": group '", name, "' has no NCCL communicator for ",
+                      t.device(),
                       "; call mhc_sp.distributed.init(group, device='cuda') on every rank");
-    TORCH_CHECK_VALUE(entry.cuda_device == t.device().index(), arg, ": expected a tensor on cuda:",
-                      entry.cuda_device, " (the device of group '", name, "'s NCCL communicator), got ",
-                      t.device());
+    TORCH_CHECK_VALUE(entry.cuda_device == t.device().index(), arg,
+                      ": expected a tensor on cuda:", entry.cuda_device, " (the device of group '",
+                      name, "'s NCCL communicator), got ", t.device());
     return {entry.rank, entry.world, entry.cuda.get()};
   }
   TORCH_CHECK_VALUE(t.is_cpu(), arg, ": group '", name, "' cannot serve tensors on ", t.device());

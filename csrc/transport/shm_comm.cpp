@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shm transport: the collectives and the one-pass fused boundaries over a group's
 // shared-memory workspace (shm_workspace.h; protocol in mhc_sp/boundary_protocol.h).
 //
@@ -49,17 +50,6 @@ void zero_rows_from(Tensor& t, int64_t from) {
   if (from < t.size(0)) t.narrow(0, from, t.size(0) - from).zero_();
 }
 
-// The rank-order sum (fp32 for reduced floats) of `count` elements at `parts[r]`, into dst.
-void sum_parts(void* dst, const std::vector<const uint8_t*>& parts, int64_t count,
-               at::ScalarType dtype) {
-  const auto opts = at::TensorOptions().dtype(dtype);
-  auto part = [&](size_t r) { return at::from_blob(const_cast<uint8_t*>(parts[r]), {count}, opts); };
-  const auto acc_type = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
-  Tensor acc = part(0).to(acc_type, /*non_blocking=*/false, /*copy=*/true);
-  for (size_t r = 1; r < parts.size(); ++r) acc.add_(part(r));
-  at::from_blob(dst, {count}, opts).copy_(acc);
-}
-
 BFloat16* bf16(uint8_t* p) { return reinterpret_cast<BFloat16*>(p); }
 const BFloat16* bf16(const uint8_t* p) { return reinterpret_cast<const BFloat16*>(p); }
 
@@ -90,7 +80,8 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   FusedBoundary* fused() override { return this; }
 
   void all_gather(Tensor& out, const Tensor& in) override {
-    Call call = ws_.start(bp::Op::kAllGather, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
+    Call call =
+        ws_.start(bp::Op::kAllGather, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
     const int64_t bytes = static_cast<int64_t>(in.nbytes());
     copy_bytes(call.in(), in.const_data_ptr(), bytes);
     call.publish();
@@ -101,24 +92,26 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   }
 
   void reduce_scatter(Tensor& out, const Tensor& in) override {
-    Call call = ws_.start(bp::Op::kReduceScatter, 0, in.size(0), -1, inner_elements(in),
-                          in.scalar_type());
+    Call call =
+        ws_.start(bp::Op::kReduceScatter, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
     copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
     call.publish();
     const int64_t shard_bytes = static_cast<int64_t>(out.nbytes());
-    std::vector<const uint8_t*> parts;
-    for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r) + ws_.rank() * shard_bytes);
-    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    std::vector<const void*> parts;
+    for (int64_t r = 0; r < call.world(); ++r)
+      parts.push_back(call.peer_in(r) + ws_.rank() * shard_bytes);
+    rank_order_sum(out.data_ptr(), parts, out.numel(), in.scalar_type());
     call.finish();
   }
 
   void all_reduce(Tensor& out, const Tensor& in) override {
-    Call call = ws_.start(bp::Op::kAllReduce, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
+    Call call =
+        ws_.start(bp::Op::kAllReduce, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
     copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
     call.publish();
-    std::vector<const uint8_t*> parts;
+    std::vector<const void*> parts;
     for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r));
-    sum_parts(out.data_ptr(), parts, out.numel(), in.scalar_type());
+    rank_order_sum(out.data_ptr(), parts, out.numel(), in.scalar_type());
     call.finish();
   }
 
@@ -161,7 +154,8 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   LayerOutputs fused_layer(const LayerArgs& a) override {
     const StreamShape& s = a.stream;
     const int64_t tokens = a.num_tokens, rows = s.T;
-    const int64_t valid = a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    const int64_t valid =
+        a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
     Call call = ws_.start(bp::Op::kFusedLayer, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
                           at::kBFloat16);
     {
@@ -200,7 +194,8 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   HeadOutputs fused_head(const HeadArgs& a) override {
     const StreamShape& s = a.stream;
     const int64_t tokens = a.num_tokens, rows = s.T;
-    const int64_t valid = a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    const int64_t valid =
+        a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
     const MhcScalars head_scalars = check_scalars(a.rms_eps, a.hc_eps, 0.0, 1.0, 1, 1e-6);
     Call call = ws_.start(bp::Op::kFusedHead, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
                           at::kBFloat16);
@@ -215,7 +210,8 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       MHC_SP_NVTX_PHASE("fused_head/post_head");
       if (valid > 0) {
         const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
-        cpu_kernels().mhc_post(post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
+        cpu_kernels().mhc_post(
+            post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
         BFloat16* out = a.sharded ? bf16(call.out()) : hidden.data_ptr<BFloat16>();
         cpu_kernels().hc_head(residual_out.const_data_ptr<BFloat16>(),
                               pre_params(valid, s, a.head_fn, a.head_scale, a.head_base,
@@ -255,7 +251,8 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
                                            int64_t shard_rows, int64_t H) const {
     std::vector<const BFloat16*> parts;
     for (int64_t r = 0; r < call.world(); ++r) {
-      const BFloat16* base = r == ws_.rank() ? partial.const_data_ptr<BFloat16>() : bf16(call.peer_in(r));
+      const BFloat16* base =
+          r == ws_.rank() ? partial.const_data_ptr<BFloat16>() : bf16(call.peer_in(r));
       parts.push_back(base + ws_.rank() * shard_rows * H);
     }
     return parts;

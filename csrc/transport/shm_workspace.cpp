@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shared-memory workspace: POSIX segments laid out and driven as mhc_sp/boundary_protocol.h
 // describes. Everything here is host code; the rows themselves are read and written by
 // csrc/transport/shm_comm.cpp and the CPU kernels.
@@ -83,8 +84,8 @@ struct Unlinker {
 Segment map_fd(int fd, int64_t bytes, const std::string& name) {
   void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
-  TORCH_CHECK(p != MAP_FAILED, "shm: cannot map segment ", name, " (", bytes, " bytes): ",
-              errno_text(err));
+  TORCH_CHECK(p != MAP_FAILED, "shm: cannot map segment ", name, " (", bytes,
+              " bytes): ", errno_text(err));
   return Segment(static_cast<uint8_t*>(p), bytes);
 }
 
@@ -103,8 +104,9 @@ Segment create_segment(const std::string& name, int64_t world, int64_t half_byte
   TORCH_CHECK(::fchmod(fd, S_IRUSR | S_IWUSR) == 0, "shm: cannot restrict segment ", name, ": ",
               errno_text(errno));
   const int rc = ::posix_fallocate(fd, 0, bytes);
-  TORCH_CHECK(rc == 0, "shm: cannot reserve ", bytes, " bytes for the workspace in /dev/shm: ",
-              errno_text(rc), " (", world, " ranks x 2 halves x ", half_bytes, " bytes)");
+  TORCH_CHECK(rc == 0, "shm: cannot reserve ", bytes,
+              " bytes for the workspace in /dev/shm: ", errno_text(rc), " (", world,
+              " ranks x 2 halves x ", half_bytes, " bytes)");
   Segment seg = map_fd(fd, bytes, name);
   auto* h = seg.header();
   h->version = bp::kVersion;
@@ -130,7 +132,8 @@ Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
         ~Closer() { ::close(fd); }
       } closer{fd};
       struct stat st{};
-      TORCH_CHECK(::fstat(fd, &st) == 0, "shm: cannot stat segment ", name, ": ", errno_text(errno));
+      TORCH_CHECK(::fstat(fd, &st) == 0, "shm: cannot stat segment ", name, ": ",
+                  errno_text(errno));
       TORCH_CHECK(st.st_uid == ::geteuid() && (st.st_mode & 077) == 0, "shm: segment ", name,
                   " is not private to this user (uid ", st.st_uid, ", mode ", std::oct,
                   (st.st_mode & 0777), "); refusing it");
@@ -144,8 +147,7 @@ Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
           TORCH_CHECK(h->world == static_cast<uint64_t>(world), "shm: segment ", name, " is for ",
                       h->world, " ranks, the group has ", world);
           const auto half = static_cast<int64_t>(h->half_bytes);
-          TORCH_CHECK(half > 0 && half % bp::kAlign == 0 &&
-                          half >= bp::call_layout(0, 0).need &&
+          TORCH_CHECK(half > 0 && half % bp::kAlign == 0 && half >= bp::call_layout(0, 0).need &&
                           (half_bytes < 0 || half == half_bytes) &&
                           static_cast<int64_t>(h->total_bytes) == bytes &&
                           bp::segment_bytes(world, half) == bytes,
@@ -231,8 +233,11 @@ void Workspace::fail(const std::string& message) {
 }
 
 void Workspace::check_usable() const {
-  TORCH_CHECK(broken_.empty(), "group '", group_, "' (shm transport): the workspace is broken by an "
-              "earlier error (", broken_, "); call mhc_sp.distributed.init(group) on every rank "
+  TORCH_CHECK(broken_.empty(), "group '", group_,
+              "' (shm transport): the workspace is broken by an "
+              "earlier error (",
+              broken_,
+              "); call mhc_sp.distributed.init(group) on every rank "
               "for a new one");
   const uint32_t by = bp::load_broken(&seg_.header()->broken);
   TORCH_CHECK(by == 0, "group '", group_, "' (shm transport): rank ", by - 1,
@@ -303,9 +308,10 @@ void Workspace::check_headers(int64_t half) {
     std::string detail;
     const char* arg = "group";
     if (ref.call != h.call || ref.epoch != h.epoch || ref.op != h.op || ref.flags != h.flags) {
-      detail = c10::str("rank 0 called ", op_name(op0), (ref.flags & bp::kSharded) ? " (sharded)" : "",
-                        " as call ", ref.call, ", rank ", r, " called ", op_name(op),
-                        (h.flags & bp::kSharded) ? " (sharded)" : "", " as call ", h.call);
+      detail =
+          c10::str("rank 0 called ", op_name(op0), (ref.flags & bp::kSharded) ? " (sharded)" : "",
+                   " as call ", ref.call, ", rank ", r, " called ", op_name(op),
+                   (h.flags & bp::kSharded) ? " (sharded)" : "", " as call ", h.call);
     } else if (ref.num_tokens != h.num_tokens) {
       arg = "num_tokens";
       detail = c10::str("rank 0 passed ", ref.num_tokens, ", rank ", r, " passed ", h.num_tokens);
@@ -315,12 +321,13 @@ void Workspace::check_headers(int64_t half) {
                         " passed ", h.rows, " rows of ", h.inner);
     } else {
       arg = tensor_arg(op0);
-      detail = c10::str("rank 0 passed dtype ", static_cast<c10::ScalarType>(ref.dtype), ", rank ", r,
-                        " passed ", static_cast<c10::ScalarType>(h.dtype));
+      detail = c10::str("rank 0 passed dtype ", static_cast<c10::ScalarType>(ref.dtype), ", rank ",
+                        r, " passed ", static_cast<c10::ScalarType>(h.dtype));
     }
     broken_ = c10::str(arg, ": ranks disagree on ", op_name(op0), ": ", detail);
     bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
-    TORCH_CHECK_VALUE(false, broken_, " (group '", group_, "', shm transport: every rank must make "
+    TORCH_CHECK_VALUE(false, broken_, " (group '", group_,
+                      "', shm transport: every rank must make "
                       "the same call; the workspace is now broken)");
   }
 }
@@ -388,7 +395,10 @@ Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_token
 // ---- Call ---------------------------------------------------------------------------------
 
 Call::Call(Workspace& ws, std::unique_lock<std::mutex> lock, const bp::CallHeader& h)
-    : ws_(ws), lock_(std::move(lock)), header_(h), layout_(bp::layout_for(h, ws.world_)),
+    : ws_(ws),
+      lock_(std::move(lock)),
+      header_(h),
+      layout_(bp::layout_for(h, ws.world_)),
       rank_(ws.rank_) {
   const int64_t half = static_cast<int64_t>(h.call % 2);
   halves_.resize(static_cast<size_t>(ws.world_));

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // One group's shared-memory workspace on one rank: the POSIX segment of
 // mhc_sp/boundary_protocol.h mapped into this process, and the calls that run through it.
@@ -109,7 +110,7 @@ class Workspace {
   int64_t rank_, world_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds spin_for_;  // how long a wait spins before it sleeps
-  std::mutex mutex_;  // one call at a time per process
+  std::mutex mutex_;                    // one call at a time per process
   Segment seg_;
   uint64_t epoch_ = 0;  // barriers passed in seg_
   uint64_t calls_ = 0;

@@ -1,7 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fake (meta) implementations of every mhc_sp op, so torch.compile / FakeTensor can trace them.
 
-Shapes only; they mirror the C++ ops (csrc/) and DESIGN §2. The collective ones need the group's
-world size, which they read from the registered torch.distributed group.
+Shapes only; they mirror the C++ ops (csrc/) and docs/design.md §2. The collective ones need the
+group's world size, which they read from the registered torch.distributed group.
 """
 
 from __future__ import annotations
@@ -19,18 +20,25 @@ def _check_devices(**tensors):
     ref_name, ref = next(iter(tensors.items()))
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:
-            raise ValueError(f"{name}: expected a tensor on {ref.device} (the device of {ref_name}), got {t.device}")
+            raise ValueError(
+                f"{name}: expected a tensor on {ref.device} (the device of {ref_name}), "
+                f"got {t.device}"
+            )
 
 
 def _pre_outputs(residual_like: torch.Tensor, T, n, H):
-    return (residual_like.new_empty((T, n), dtype=torch.float32),
-            residual_like.new_empty((T, n, n), dtype=torch.float32),
-            residual_like.new_empty((T, H), dtype=torch.bfloat16))
+    return (
+        residual_like.new_empty((T, n), dtype=torch.float32),
+        residual_like.new_empty((T, n, n), dtype=torch.float32),
+        residual_like.new_empty((T, H), dtype=torch.bfloat16),
+    )
 
 
 @register_fake("mhc_sp::mhc_pre")
 def _(residual, fn, hc_scale, hc_base, norm_weight, *scalars):
-    _check_devices(residual=residual, fn=fn, hc_scale=hc_scale, hc_base=hc_base, norm_weight=norm_weight)
+    _check_devices(
+        residual=residual, fn=fn, hc_scale=hc_scale, hc_base=hc_base, norm_weight=norm_weight
+    )
     T, n, H = residual.shape
     return _pre_outputs(residual, T, n, H)
 
@@ -43,8 +51,16 @@ def _(x, residual, post, comb):
 
 @register_fake("mhc_sp::mhc_post_pre")
 def _(x, residual, post, comb, fn, hc_scale, hc_base, norm_weight, *scalars):
-    _check_devices(residual=residual, x=x, post=post, comb=comb, fn=fn, hc_scale=hc_scale,
-                   hc_base=hc_base, norm_weight=norm_weight)
+    _check_devices(
+        residual=residual,
+        x=x,
+        post=post,
+        comb=comb,
+        fn=fn,
+        hc_scale=hc_scale,
+        hc_base=hc_base,
+        norm_weight=norm_weight,
+    )
     T, n, H = residual.shape
     return (torch.empty_like(residual), *_pre_outputs(residual, T, n, H))
 
@@ -95,15 +111,39 @@ def _(x, fn, hc_scale, hc_base, norm_weight, group, sharded, *scalars):
 
 
 @register_fake("mhc_sp::fused_layer")
-def _(partial, residual, post, comb, fn, hc_scale, hc_base, norm_weight, group, sharded,
-      num_tokens, *scalars):
+def _(
+    partial,
+    residual,
+    post,
+    comb,
+    fn,
+    hc_scale,
+    hc_base,
+    norm_weight,
+    group,
+    sharded,
+    num_tokens,
+    *scalars,
+):
     rows, n, H = residual.shape
     post_out, comb_out, _unused = _pre_outputs(residual, rows, n, H)
     return torch.empty_like(residual), post_out, comb_out, residual.new_empty((num_tokens, H))
 
 
 @register_fake("mhc_sp::fused_head")
-def _(partial, residual, post, comb, head_fn, head_scale, head_base, group, sharded, num_tokens,
-      rms_eps, hc_eps):
+def _(
+    partial,
+    residual,
+    post,
+    comb,
+    head_fn,
+    head_scale,
+    head_base,
+    group,
+    sharded,
+    num_tokens,
+    rms_eps,
+    hc_eps,
+):
     H = residual.shape[2]
     return residual.new_empty((num_tokens, H)), torch.empty_like(residual)

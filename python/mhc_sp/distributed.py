@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Process groups for mhc_sp's collective and fused ops.
 
 The ops take a group *name* (``pg.group_name``; ``"0"`` is WORLD). A group must be registered
@@ -10,16 +11,22 @@ the device it names; the op schemas never change with it:
   order); or ``"gloo"``, the group's own gloo backend (a group created with backend ``"gloo"`` or
   ``"cpu:gloo,cuda:nccl"``), which also crosses hosts. ``"auto"`` picks shm when every rank of
   the group runs on this host (same kernel boot, IPC and PID namespaces), gloo otherwise.
-* CUDA tensors: ``"nccl"``, an NCCL communicator that ``init`` creates for the group (rank 0
-  makes the unique id, the group broadcasts it, every rank joins on its current CUDA device).
-  Collectives are enqueued on the current CUDA stream. ``"auto"`` picks it.
+* CUDA tensors: ``"symm"``, a buffer per rank from torch symmetric memory that every rank maps
+  (one host, CUDA peer access between every pair of the group's GPUs), on which ``fused_layer``
+  runs as one kernel (replicated, up to 16 tokens) or two (sharded) that sum the partial rows in
+  fp32 in rank order from the peers' memory, and the plain collectives run over the buffers; or
+  ``"nccl"``, an NCCL communicator that ``init`` creates for the group (rank 0 makes the unique
+  id, the group broadcasts it, every rank joins on its current CUDA device). symm keeps an NCCL
+  communicator for calls that do not fit its buffers. Both enqueue on the current CUDA stream.
+  ``"auto"`` picks symm when every rank can map every other rank's GPU memory, NCCL otherwise.
 * A world of one needs no transport (``transport()`` reports ``"local"``): ``init()`` without
   torch.distributed registers ``"0"`` as a single-rank group, so single-device engines call the
   same ops.
 
 A peer that dies or stalls makes the shm ops raise within the group's timeout (the process
 group's own, unless ``init(timeout=...)`` sets one), naming the rank; the workspace is then
-broken and later calls raise at once until ``init`` is called again on every rank.
+broken and later calls raise at once until ``init`` is called again on every rank. The symm
+kernels give up on a peer after the same timeout and the group's next op raises, naming it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from . import _C
+from . import _C, _symm
 
 GroupLike = ProcessGroup | str | None
 
@@ -40,7 +47,7 @@ GroupLike = ProcessGroup | str | None
 WORLD = "0"
 
 #: Transports ``init`` accepts per device type ("auto" first).
-TRANSPORTS = {"cpu": ("auto", "shm", "gloo"), "cuda": ("auto", "nccl")}
+TRANSPORTS = {"cpu": ("auto", "shm", "gloo"), "cuda": ("auto", "symm", "nccl")}
 
 
 def group_name(group: GroupLike) -> str:
@@ -52,7 +59,9 @@ def group_name(group: GroupLike) -> str:
     if group is None:
         group = dist.group.WORLD
     if not isinstance(group, ProcessGroup):
-        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got {type(group).__name__}")
+        raise TypeError(
+            f"group: expected a ProcessGroup, a group name or None, got {type(group).__name__}"
+        )
     return group.group_name
 
 
@@ -61,13 +70,15 @@ def _device_type(device) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device: expected a str, a torch.device or None, got "
-                        f"{type(device).__name__}")
+        raise TypeError(
+            f"device: expected a str, a torch.device or None, got {type(device).__name__}"
+        )
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device: expected 'cpu' or 'cuda' (optionally with an index), got "
-                         f"{device!r}") from None
+        raise ValueError(
+            f"device: expected 'cpu' or 'cuda' (optionally with an index), got {device!r}"
+        ) from None
     if dev.type not in TRANSPORTS:
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {str(dev)!r}")
     return dev.type
@@ -80,10 +91,14 @@ def _check_transport(transport, device_type: str) -> str:
     if transport not in allowed:
         known = sorted({t for ts in TRANSPORTS.values() for t in ts})
         if transport in known:
-            raise ValueError(f"transport: {transport!r} does not serve {device_type} tensors; for "
-                             f"device {device_type!r} use one of {', '.join(map(repr, allowed))}")
-        raise ValueError(f"transport: expected one of {', '.join(map(repr, allowed))} for device "
-                         f"{device_type!r}, got {transport!r}")
+            raise ValueError(
+                f"transport: {transport!r} does not serve {device_type} tensors; for "
+                f"device {device_type!r} use one of {', '.join(map(repr, allowed))}"
+            )
+        raise ValueError(
+            f"transport: expected one of {', '.join(map(repr, allowed))} for device "
+            f"{device_type!r}, got {transport!r}"
+        )
     return transport
 
 
@@ -129,8 +144,10 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
     dist.all_gather_object(hosts, _host_identity(), group=pg)
     elsewhere = [r for r, h in enumerate(hosts) if h != hosts[0]]
     if transport == "shm" and elsewhere:
-        raise ValueError(f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
-                         f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')")
+        raise ValueError(
+            f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
+            f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')"
+        )
     if transport == "gloo" or (transport == "auto" and elsewhere):
         _C.init_gloo_transport(name)
         return
@@ -140,28 +157,33 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
     _C.init_shm_transport(name, segment[0], seconds)
 
 
-def _init_cuda(pg: ProcessGroup, name: str, rank: int, device) -> None:
+def _init_cuda(
+    pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str, timeout
+) -> None:
     if not hasattr(_C, "init_nccl_communicator"):
-        raise ValueError("device: mhc_sp was built without CUDA; it cannot create an NCCL "
-                         "communicator")
+        raise ValueError(
+            "device: mhc_sp was built without CUDA; it cannot create an NCCL communicator"
+        )
     dev = torch.device(device) if device is not None else torch.device("cuda")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    uid = [_C.nccl_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(uid, group=pg, group_src=0)
-    dist.barrier(group=pg)  # every rank is here: the blocking NCCL init cannot wait forever
-    _C.init_nccl_communicator(name, uid[0], index)
+    _symm.init(pg, name, rank, world, index, transport, _timeout_seconds(pg, timeout))
 
 
-def init(group: GroupLike = None, device: torch.device | str | None = None, transport: str = "auto",
-         timeout: float | timedelta | None = None) -> str:
+def init(
+    group: GroupLike = None,
+    device: torch.device | str | None = None,
+    transport: str = "auto",
+    timeout: float | timedelta | None = None,
+) -> str:
     """Register ``group`` (None = WORLD) with mhc_sp on this rank; collective over the group.
 
     ``device``: where the ops will run, ``"cpu"`` or ``"cuda"`` (default: cuda when available).
     ``transport``: for cpu ``"auto"`` (shm when every rank is on this host, else gloo), ``"shm"``
-    or ``"gloo"``; for cuda ``"auto"`` or ``"nccl"``. ``timeout``: seconds (or a timedelta) an
-    shm op waits for a peer; default: the process group's timeout. Calling ``init`` again (on
-    every rank) replaces the group's transport for that device. Returns the group's name, for
-    the ops' ``group`` argument.
+    or ``"gloo"``; for cuda ``"auto"`` (symm when every rank can map every other rank's GPU
+    memory, else nccl), ``"symm"`` or ``"nccl"``. ``timeout``: seconds (or a timedelta) an shm
+    op or a symm kernel waits for a peer; default: the process group's timeout. Calling ``init``
+    again (on every rank) replaces the group's transport for that device. Returns the group's
+    name, for the ops' ``group`` argument.
     """
     device_type = _device_type(device)
     transport = _check_transport(transport, device_type)
@@ -175,14 +197,15 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
     if isinstance(pg, str):
         pg = resolve(pg)
     if not isinstance(pg, ProcessGroup):
-        raise TypeError(f"group: expected a ProcessGroup, a group name or None, got "
-                        f"{type(pg).__name__}")
+        raise TypeError(
+            f"group: expected a ProcessGroup, a group name or None, got {type(pg).__name__}"
+        )
     name = pg.group_name
     rank, world = dist.get_rank(pg), pg.size()
     _C.register_group(name, rank, world)
     if world > 1:
         if device_type == "cuda":
-            _init_cuda(pg, name, rank, device)
+            _init_cuda(pg, name, rank, world, device, transport, timeout)
         else:
             _init_cpu(pg, name, rank, world, transport, timeout)
     return name
@@ -190,14 +213,15 @@ def init(group: GroupLike = None, device: torch.device | str | None = None, tran
 
 def transport(group: GroupLike = None, device: torch.device | str | None = None) -> str | None:
     """The transport ``group`` uses for tensors on ``device`` (default: cuda when available):
-    ``"shm"``, ``"gloo"``, ``"nccl"``, ``"local"`` for a world of one, or None when ``init`` set
-    none up for that device."""
+    ``"shm"``, ``"gloo"``, ``"symm"``, ``"nccl"``, ``"local"`` for a world of one, or None when
+    ``init`` set none up for that device."""
     return _C.group_transport(group_name(group), _device_type(device)) or None
 
 
 def destroy() -> None:
     """Free every communicator and workspace and forget every group registered with :func:`init`."""
     _C.unregister_all_groups()
+    _symm.release()
 
 
 def resolve(group: str) -> ProcessGroup:

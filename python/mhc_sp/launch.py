@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Spawn a world of ranks on one machine: gloo processes on CPU, or one process per GPU with
 NCCL. Used by the benchmark CLI and the multi-process tests. Every wait is bounded: a hung or dead
 rank makes the whole world fail within the timeout instead of blocking."""
@@ -29,8 +30,13 @@ def _entry(rank, world, port, backend, threads, collective_timeout, fn, args, qu
     try:
         if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=collective_timeout))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=collective_timeout),
+        )
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001  (report everything to the parent)
@@ -46,9 +52,16 @@ def _entry(rank, world, port, backend, threads, collective_timeout, fn, args, qu
             pass
 
 
-def run_world(world: int, fn, *args, timeout: float = 240.0, expect_exit: set[int] = frozenset(),
-              backend: str = "gloo", threads: int | None = 1,
-              collective_timeout: float = COLLECTIVE_TIMEOUT_S):
+def run_world(
+    world: int,
+    fn,
+    *args,
+    timeout: float = 240.0,
+    expect_exit: set[int] = frozenset(),
+    backend: str = "gloo",
+    threads: int | None = 1,
+    collective_timeout: float = COLLECTIVE_TIMEOUT_S,
+):
     """Run ``fn(rank, world, *args)`` (a module-level function) on ``world`` spawned ranks of a
     fresh process group; returns the per-rank results. ``backend``: "gloo", or "cpu:gloo,cuda:nccl"
     for one GPU per rank. ``threads``: CPU threads per rank (1: several ranks share the cores;
@@ -58,8 +71,14 @@ def run_world(world: int, fn, *args, timeout: float = 240.0, expect_exit: set[in
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, backend, threads, collective_timeout, fn, args, queue), daemon=True)
-             for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(r, world, port, backend, threads, collective_timeout, fn, args, queue),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results, errors = {}, {}
@@ -71,16 +90,25 @@ def run_world(world: int, fn, *args, timeout: float = 240.0, expect_exit: set[in
         while len(results) + len(errors) < world - len(expect_exit):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"world of {world} did not finish within {timeout:.0f} s "
-                                     f"(finished ranks: {sorted(results) + sorted(errors)})")
+                raise AssertionError(
+                    f"world of {world} did not finish within {timeout:.0f} s "
+                    f"(finished ranks: {sorted(results) + sorted(errors)})"
+                )
             try:
                 rank, status, payload = queue.get(timeout=min(remaining, 1.0))
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs)
-                        if p.exitcode not in (None, 0) and r not in results and r not in errors
-                        and r not in expect_exit]
+            except queue_mod.Empty as empty:
+                dead = [
+                    r
+                    for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0)
+                    and r not in results
+                    and r not in errors
+                    and r not in expect_exit
+                ]
                 if dead:
-                    raise AssertionError(f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}")
+                    raise AssertionError(
+                        f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}"
+                    ) from empty
                 continue
             (results if status == "ok" else errors)[rank] = payload
     finally:
@@ -89,7 +117,7 @@ def run_world(world: int, fn, *args, timeout: float = 240.0, expect_exit: set[in
             if p.is_alive():
                 p.kill()
     if errors:
-        raise AssertionError("\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items())))
+        raise AssertionError(
+            "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
+        )
     return [results.get(r) for r in range(world)]
-
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Named phases for profilers: an NVTX range (nsys) on CUDA builds and a ``record_function``
 range (torch.profiler traces, CPU included), so Python phases line up with the C++ ops' ranges;
 and :class:`PhaseTimer`, which also sums the wall time of each phase."""

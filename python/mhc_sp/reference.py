@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plain-PyTorch reference of the mHC math and of the sequence-parallel flow (docs/design.md).
 
 Readable rather than fast: tests and benchmarks both compare against it. All arithmetic is fp32;
@@ -45,8 +46,8 @@ def mhc_pre(residual, fn, hc_scale, hc_base, norm_weight=None, cfg: MhcConfig = 
     mix = (X @ fn.float().t()) * _rms_scale(X, cfg.rms_eps)
     s, b = hc_scale.float(), hc_base.float()
     pre = torch.sigmoid(mix[:, :n] * s[0] + b[:n]) + cfg.hc_pre_eps
-    post = torch.sigmoid(mix[:, n:2 * n] * s[1] + b[n:2 * n]) * cfg.hc_post_mult
-    logits = (mix[:, 2 * n:] * s[2] + b[2 * n:]).reshape(T, n, n)
+    post = torch.sigmoid(mix[:, n : 2 * n] * s[1] + b[n : 2 * n]) * cfg.hc_post_mult
+    logits = (mix[:, 2 * n :] * s[2] + b[2 * n :]).reshape(T, n, n)
     comb = sinkhorn(logits, cfg.sinkhorn_iters, cfg.hc_sinkhorn_eps)
     layer_input = (pre.unsqueeze(-1) * residual.float()).sum(1).to(torch.bfloat16)
     if norm_weight is not None:
@@ -60,8 +61,9 @@ def mhc_post(x, residual, post, comb):
     return (post.float().unsqueeze(-1) * x.float().unsqueeze(1) + mixed).to(torch.bfloat16)
 
 
-def mhc_post_pre(x, residual, post, comb, fn, hc_scale, hc_base, norm_weight=None,
-                 cfg: MhcConfig = DEFAULT):
+def mhc_post_pre(
+    x, residual, post, comb, fn, hc_scale, hc_base, norm_weight=None, cfg: MhcConfig = DEFAULT
+):
     """mhc_post, then mhc_pre on its bf16 output: (residual_out, post, comb, layer_input)."""
     residual_out = mhc_post(x, residual, post, comb)
     return (residual_out, *mhc_pre(residual_out, fn, hc_scale, hc_base, norm_weight, cfg))
@@ -85,19 +87,22 @@ def hc_head(residual, fn, hc_scale, hc_base, cfg: MhcConfig = DEFAULT):
 
 # ---- sequence-parallel flow (one tensor per rank) -------------------------------------------
 
+
 def shard_tokens(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Zero-pad dim 0 to a multiple of world_size and return rank's rows."""
     rows = -(-x.shape[0] // world_size)  # written out: the reference leans on nothing it checks
     padded = x.new_zeros((rows * world_size, *x.shape[1:]))
     padded[: x.shape[0]] = x
-    return padded[rank * rows:(rank + 1) * rows].clone()
+    return padded[rank * rows : (rank + 1) * rows].clone()
 
 
 def sum_partials(partials: list[torch.Tensor]) -> torch.Tensor:
-    """The ranks' tensors summed in fp32 in rank order 0, 1, ..., rounded once to their dtype."""
-    total = partials[0].float()
-    for p in partials[1:]:
-        total = total + p.float()
+    """The ranks' tensors summed in fp32 (fp64 for fp64) in rank order 0, 1, ..., starting from
+    +0, rounded once to their dtype. From +0: a position where every rank holds -0 sums to +0."""
+    acc_type = torch.float64 if partials[0].dtype == torch.float64 else torch.float32
+    total = torch.zeros(partials[0].shape, dtype=acc_type, device=partials[0].device)
+    for p in partials:
+        total = total + p.to(acc_type)
     return total.to(partials[0].dtype)
 
 
@@ -127,16 +132,20 @@ def zero_padding(t: torch.Tensor, rank: int, num_tokens: int) -> torch.Tensor:
     return out
 
 
-def fused_entry(x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded: bool,
-                cfg: MhcConfig = DEFAULT):
+def fused_entry(
+    x, fn, hc_scale, hc_base, norm_weight, world_size: int, sharded: bool, cfg: MhcConfig = DEFAULT
+):
     """Per rank: (residual, post, comb, layer_input). x is the replicated embedding output."""
     if not sharded:
         return [mhc_pre_broadcast(x, fn, hc_scale, hc_base, norm_weight, cfg)] * world_size
-    outs = [mhc_pre_broadcast(shard_tokens(x, r, world_size), fn, hc_scale, hc_base, norm_weight, cfg)
-            for r in range(world_size)]
+    outs = [
+        mhc_pre_broadcast(shard_tokens(x, r, world_size), fn, hc_scale, hc_base, norm_weight, cfg)
+        for r in range(world_size)
+    ]
     layer_input = all_gather([o[3] for o in outs], x.shape[0])
-    return [(*(zero_padding(t, r, x.shape[0]) for t in o[:3]), layer_input)
-            for r, o in enumerate(outs)]
+    return [
+        (*(zero_padding(t, r, x.shape[0]) for t in o[:3]), layer_input) for r, o in enumerate(outs)
+    ]
 
 
 def _reduce(partials, sharded: bool, num_tokens: int):
@@ -145,23 +154,49 @@ def _reduce(partials, sharded: bool, num_tokens: int):
     return reduce_scatter(partials) if sharded else all_reduce(partials)
 
 
-def fused_layer(partials, residuals, posts, combs, fn, hc_scale, hc_base, norm_weight,
-                sharded: bool, num_tokens: int, cfg: MhcConfig = DEFAULT):
+def fused_layer(
+    partials,
+    residuals,
+    posts,
+    combs,
+    fn,
+    hc_scale,
+    hc_base,
+    norm_weight,
+    sharded: bool,
+    num_tokens: int,
+    cfg: MhcConfig = DEFAULT,
+):
     """One sublayer boundary for every rank. partials: each rank's un-reduced (T, H) output;
     residuals/posts/combs: each rank's stream (its shard when sharded, everything otherwise).
     Returns per rank (residual_out, post_out, comb_out, layer_input (num_tokens, H))."""
     xs = _reduce(partials, sharded, num_tokens)
-    outs = [mhc_post_pre(x, res, p, c, fn, hc_scale, hc_base, norm_weight, cfg)
-            for x, res, p, c in zip(xs, residuals, posts, combs)]
+    outs = [
+        mhc_post_pre(x, res, p, c, fn, hc_scale, hc_base, norm_weight, cfg)
+        for x, res, p, c in zip(xs, residuals, posts, combs)
+    ]
     if sharded:
         layer_input = all_gather([o[3] for o in outs], num_tokens)
-        return [(*(zero_padding(t, r, num_tokens) for t in o[:3]), layer_input)
-                for r, o in enumerate(outs)]
+        return [
+            (*(zero_padding(t, r, num_tokens) for t in o[:3]), layer_input)
+            for r, o in enumerate(outs)
+        ]
     return [(*o[:3], o[3][:num_tokens]) for o in outs]
 
 
-def fused_head(partials, residuals, posts, combs, head_fn, head_scale, head_base, sharded: bool,
-               num_tokens: int, rms_eps: float = DEFAULT.rms_eps, hc_eps: float = DEFAULT.hc_eps):
+def fused_head(
+    partials,
+    residuals,
+    posts,
+    combs,
+    head_fn,
+    head_scale,
+    head_base,
+    sharded: bool,
+    num_tokens: int,
+    rms_eps: float = DEFAULT.rms_eps,
+    hc_eps: float = DEFAULT.hc_eps,
+):
     """Per rank: (hidden (num_tokens, H), residual_out) - the final post, then hc_head."""
     xs = _reduce(partials, sharded, num_tokens)
     streams = [mhc_post(x, res, p, c) for x, res, p, c in zip(xs, residuals, posts, combs)]

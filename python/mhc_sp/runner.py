@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Model runner: padding, the SP decision, pipeline stages, MTP drafting and CUDA graphs
 (docs/design.md §3).
 
@@ -33,8 +34,15 @@ from torch import Tensor
 
 from . import distributed as msd
 from .config import EngineConfig, ParallelConfig
-from .model import (DeepseekV4Model, IntermediateTensors, MhcStream, ModelOutput, RoutingTrace,
-                    TPContext, intermediate_shapes)
+from .model import (
+    DeepseekV4Model,
+    IntermediateTensors,
+    MhcStream,
+    ModelOutput,
+    RoutingTrace,
+    TPContext,
+    intermediate_shapes,
+)
 from .profiling import PhaseTimer
 
 #: Token id used for padding rows.
@@ -70,7 +78,9 @@ class ForwardPlan:
     graph_size: Optional[int] = None
 
 
-def plan_forward(num_tokens: int, engine: EngineConfig, device: torch.device | str = "cpu") -> ForwardPlan:
+def plan_forward(
+    num_tokens: int, engine: EngineConfig, device: torch.device | str = "cpu"
+) -> ForwardPlan:
     """The :class:`ForwardPlan` for ``num_tokens`` tokens under ``engine`` on ``device``."""
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"num_tokens: expected a positive int, got {num_tokens!r}")
@@ -101,7 +111,9 @@ class ParallelGroups:
     self_group: str = msd.WORLD
 
 
-def init_parallel_groups(parallel: ParallelConfig, device: torch.device | str = "cpu") -> ParallelGroups:
+def init_parallel_groups(
+    parallel: ParallelConfig, device: torch.device | str = "cpu"
+) -> ParallelGroups:
     """Create and register the TP and PP groups of ``parallel`` (collective: every rank calls it).
 
     Global rank = ``pp_rank * tp + tp_rank``. Without torch.distributed only tp = pp = 1 is
@@ -110,14 +122,18 @@ def init_parallel_groups(parallel: ParallelConfig, device: torch.device | str = 
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if not dist.is_initialized():
         if tp * pp != 1:
-            raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs "
-                             f"torch.distributed with {tp * pp} ranks; it is not initialised")
+            raise ValueError(
+                f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs "
+                f"torch.distributed with {tp * pp} ranks; it is not initialised"
+            )
         name = msd.init(None, device)
         return ParallelGroups(TPContext(0, 1, name), self_group=name)
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != tp * pp:
-        raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs "
-                         f"{tp * pp} ranks, but the world has {world}")
+        raise ValueError(
+            f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} needs "
+            f"{tp * pp} ranks, but the world has {world}"
+        )
     pp_rank, tp_rank = divmod(rank, tp)
     # new_group is collective over WORLD: every rank creates every group, in the same order.
     tp_groups = [dist.new_group([p * tp + r for r in range(tp)]) for p in range(pp)]
@@ -125,7 +141,9 @@ def init_parallel_groups(parallel: ParallelConfig, device: torch.device | str = 
     self_groups = [dist.new_group([r]) for r in range(world)]
     tp_name = msd.init(tp_groups[pp_rank], device)
     self_name = msd.init(self_groups[rank], device)
-    return ParallelGroups(TPContext(tp_rank, tp, tp_name), pp_rank, pp, pp_groups[tp_rank], self_name)
+    return ParallelGroups(
+        TPContext(tp_rank, tp, tp_name), pp_rank, pp, pp_groups[tp_rank], self_name
+    )
 
 
 @dataclass
@@ -165,22 +183,39 @@ class ModelRunner:
         seed: synthetic weight seed (default ``engine.model.seed``).
     """
 
-    def __init__(self, engine: EngineConfig, groups: Optional[ParallelGroups] = None,
-                 device: torch.device | str = "cpu", seed: Optional[int] = None):
+    def __init__(
+        self,
+        engine: EngineConfig,
+        groups: Optional[ParallelGroups] = None,
+        device: torch.device | str = "cpu",
+        seed: Optional[int] = None,
+    ):
         if not isinstance(engine, EngineConfig):
             raise TypeError(f"engine: expected an EngineConfig, got {type(engine).__name__}")
         self.engine = engine
         self.device = torch.device(device)
-        self.groups = groups if groups is not None else init_parallel_groups(engine.parallel, self.device)
-        if self.groups.tp.size != engine.parallel.tensor_parallel_size or \
-                self.groups.pp_size != engine.parallel.pipeline_parallel_size:
-            raise ValueError(f"groups: tp={self.groups.tp.size}, pp={self.groups.pp_size} do not match "
-                             f"the engine's tp={engine.parallel.tensor_parallel_size}, "
-                             f"pp={engine.parallel.pipeline_parallel_size}")
-        self.model = DeepseekV4Model(engine.model, tp=self.groups.tp, pp_rank=self.groups.pp_rank,
-                                     pp_size=self.groups.pp_size, moe_backend=engine.moe_backend,
-                                     sequence_parallel=engine.parallel.enable_sp,
-                                     device=self.device, seed=seed)
+        self.groups = (
+            groups if groups is not None else init_parallel_groups(engine.parallel, self.device)
+        )
+        if (
+            self.groups.tp.size != engine.parallel.tensor_parallel_size
+            or self.groups.pp_size != engine.parallel.pipeline_parallel_size
+        ):
+            raise ValueError(
+                f"groups: tp={self.groups.tp.size}, pp={self.groups.pp_size} do not match "
+                f"the engine's tp={engine.parallel.tensor_parallel_size}, "
+                f"pp={engine.parallel.pipeline_parallel_size}"
+            )
+        self.model = DeepseekV4Model(
+            engine.model,
+            tp=self.groups.tp,
+            pp_rank=self.groups.pp_rank,
+            pp_size=self.groups.pp_size,
+            moe_backend=engine.moe_backend,
+            sequence_parallel=engine.parallel.enable_sp,
+            device=self.device,
+            seed=seed,
+        )
         self._graphs: dict[tuple, _CapturedCall] = {}
 
     @property
@@ -194,9 +229,14 @@ class ModelRunner:
         return plan_forward(num_tokens, self.engine, self.device)
 
     @torch.no_grad()
-    def forward(self, input_ids: Tensor, *, return_final_stream: bool = False,
-                timer: Optional[PhaseTimer] = None,
-                routing: Optional[RoutingTrace] = None) -> RunnerOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        return_final_stream: bool = False,
+        timer: Optional[PhaseTimer] = None,
+        routing: Optional[RoutingTrace] = None,
+    ) -> RunnerOutput:
         """One forward of the batch ``input_ids (T,)`` (the same on every rank).
         ``return_final_stream``: also return the gathered final stream, the input of
         :meth:`propose`. ``timer``: collects per-phase times (eager forwards only). ``routing``:
@@ -214,11 +254,20 @@ class ModelRunner:
                 intermediate = self._recv(plan)
         if plan.graph_size is not None and routing is None:
             inputs = [ids] + (intermediate.tensors() if intermediate is not None else [])
-            out = self._graph(("forward", plan.graph_size, return_final_stream),
-                              self._forward_fn(return_final_stream), inputs)
+            out = self._graph(
+                ("forward", plan.graph_size, return_final_stream),
+                self._forward_fn(return_final_stream),
+                inputs,
+            )
         else:
-            out = self.model(ids, sharded=plan.sharded, intermediate=intermediate,
-                             return_final_stream=return_final_stream, timer=timer, routing=routing)
+            out = self.model(
+                ids,
+                sharded=plan.sharded,
+                intermediate=intermediate,
+                return_final_stream=return_final_stream,
+                timer=timer,
+                routing=routing,
+            )
         if not self.is_last_stage:
             with timer.phase("pp_send"):
                 self._send(out.intermediate)
@@ -228,10 +277,17 @@ class ModelRunner:
         return RunnerOutput(logits, plan, final, timings)
 
     @torch.no_grad()
-    def propose(self, final_stream: Optional[Tensor], next_ids: Tensor, *,
-                num_steps: Optional[int] = None, last_token_indices: Optional[Tensor] = None,
-                draft_tokens: Optional[list[Tensor]] = None, timer: Optional[PhaseTimer] = None,
-                routing: Optional[RoutingTrace] = None) -> DraftOutput:
+    def propose(
+        self,
+        final_stream: Optional[Tensor],
+        next_ids: Tensor,
+        *,
+        num_steps: Optional[int] = None,
+        last_token_indices: Optional[Tensor] = None,
+        draft_tokens: Optional[list[Tensor]] = None,
+        timer: Optional[PhaseTimer] = None,
+        routing: Optional[RoutingTrace] = None,
+    ) -> DraftOutput:
         """Draft ``num_steps`` tokens (default ``engine.num_speculative_tokens``) with the MTP
         layer, each step a forward of its own that feeds its gathered stream to the next.
         Collective over the last stage's TP group; other stages return an empty result.
@@ -244,8 +300,10 @@ class ModelRunner:
         """
         steps = self.engine.num_speculative_tokens if num_steps is None else num_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"num_steps: expected a positive int (or num_speculative_tokens >= 1 "
-                             f"in the engine config), got {steps!r}")
+            raise ValueError(
+                f"num_steps: expected a positive int (or num_speculative_tokens >= 1 "
+                f"in the engine config), got {steps!r}"
+            )
         out = DraftOutput()
         if not self.is_last_stage:
             return out
@@ -254,34 +312,52 @@ class ModelRunner:
         ids = self._check_ids(next_ids, "next_ids")
         n, H = self.engine.model.mhc.hc_mult, self.engine.model.hidden_size
         T = ids.shape[0]
-        if not isinstance(final_stream, Tensor) or tuple(final_stream.shape) != (T, n * H) \
-                or final_stream.dtype != torch.bfloat16:
-            raise ValueError(f"final_stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
-                             f"(a forward's final_stream for the {T} next_ids), got "
-                             f"{getattr(final_stream, 'dtype', type(final_stream).__name__)} "
-                             f"{tuple(getattr(final_stream, 'shape', ()))}")
+        if (
+            not isinstance(final_stream, Tensor)
+            or tuple(final_stream.shape) != (T, n * H)
+            or final_stream.dtype != torch.bfloat16
+        ):
+            raise ValueError(
+                f"final_stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
+                f"(a forward's final_stream for the {T} next_ids), got "
+                f"{getattr(final_stream, 'dtype', type(final_stream).__name__)} "
+                f"{tuple(getattr(final_stream, 'shape', ()))}"
+            )
         if last_token_indices is not None:
             last_token_indices = torch.as_tensor(last_token_indices, dtype=torch.int64)
-            if last_token_indices.dim() != 1 or last_token_indices.numel() == 0 or \
-                    int(last_token_indices.min()) < 0 or int(last_token_indices.max()) >= T:
-                raise ValueError(f"last_token_indices: expected a non-empty 1-D list of row "
-                                 f"indices in [0, {T}), got {last_token_indices.tolist()}")
+            if (
+                last_token_indices.dim() != 1
+                or last_token_indices.numel() == 0
+                or int(last_token_indices.min()) < 0
+                or int(last_token_indices.max()) >= T
+            ):
+                raise ValueError(
+                    f"last_token_indices: expected a non-empty 1-D list of row "
+                    f"indices in [0, {T}), got {last_token_indices.tolist()}"
+                )
             last_token_indices = last_token_indices.to(self.device)
         if draft_tokens is not None and len(draft_tokens) < steps:
-            raise ValueError(f"draft_tokens: expected at least {steps} steps of tokens, got "
-                             f"{len(draft_tokens)}")
+            raise ValueError(
+                f"draft_tokens: expected at least {steps} steps of tokens, got {len(draft_tokens)}"
+            )
         timer = timer if timer is not None else PhaseTimer(sync_cuda=self.device.type == "cuda")
         start = time.perf_counter()
         stream = final_stream.to(self.device)
+        logits = None  # each step's logits pick the next step's tokens
         for step in range(steps):
             if step == 1 and last_token_indices is not None:
                 stream, logits = stream[last_token_indices], logits[last_token_indices]
             if step > 0:
-                ids = logits.argmax(-1) if draft_tokens is None else \
-                    self._check_ids(draft_tokens[step], f"draft_tokens[{step}]")
+                ids = (
+                    logits.argmax(-1)
+                    if draft_tokens is None
+                    else self._check_ids(draft_tokens[step], f"draft_tokens[{step}]")
+                )
                 if ids.shape[0] != stream.shape[0]:
-                    raise ValueError(f"draft_tokens[{step}]: expected {stream.shape[0]} tokens, "
-                                     f"got {ids.shape[0]}")
+                    raise ValueError(
+                        f"draft_tokens[{step}]: expected {stream.shape[0]} tokens, "
+                        f"got {ids.shape[0]}"
+                    )
             with timer.phase("mtp"):
                 logits, stream, plan = self._draft_step(stream, ids, routing)
             out.logits.append(logits)
@@ -314,14 +390,18 @@ class ModelRunner:
 
     def _check_ids(self, ids: Tensor, name: str) -> Tensor:
         if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
-            raise ValueError(f"{name}: expected a 1-D int64 tensor of token ids, got "
-                             f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
+            raise ValueError(
+                f"{name}: expected a 1-D int64 tensor of token ids, got "
+                f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}"
+            )
         if ids.numel() == 0:
             raise ValueError(f"{name}: expected at least one token, got 0")
         vocab = self.engine.model.vocab_size
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab:
-            raise ValueError(f"{name}: expected token ids in [0, {vocab}), got values in [{lo}, {hi}]")
+            raise ValueError(
+                f"{name}: expected token ids in [0, {vocab}), got values in [{lo}, {hi}]"
+            )
         return ids.to(self.device)
 
     def _send(self, it: IntermediateTensors) -> None:
@@ -335,8 +415,9 @@ class ModelRunner:
         """Receive the previous stage's tensors; their shapes follow from the full padded count
         and the SP decision, which this stage computes exactly as the sender did."""
         src = self.groups.pp_rank - 1
-        shapes = intermediate_shapes(self.engine.model, plan.padded_tokens, self.groups.tp.size,
-                                     plan.sharded)
+        shapes = intermediate_shapes(
+            self.engine.model, plan.padded_tokens, self.groups.tp.size, plan.sharded
+        )
         tensors = []
         for shape, dtype in shapes:
             t = torch.empty(shape, dtype=dtype, device=self.device)
@@ -346,10 +427,13 @@ class ModelRunner:
 
     def _forward_fn(self, return_final_stream: bool):
         """This stage's unsharded forward as a function of its input tensors (for capture)."""
+
         def run(ids: Tensor, *hand_off: Tensor) -> ModelOutput:
             inter = IntermediateTensors(hand_off[0], MhcStream(*hand_off[1:])) if hand_off else None
-            return self.model(ids, sharded=False, intermediate=inter,
-                              return_final_stream=return_final_stream)
+            return self.model(
+                ids, sharded=False, intermediate=inter, return_final_stream=return_final_stream
+            )
+
         return run
 
     def _mtp_fn(self, stream: Tensor, ids: Tensor) -> ModelOutput:
@@ -392,13 +476,14 @@ class _CapturedCall:
             dst.copy_(src)
         self.graph.replay()
         out = self.out
-        clone = (lambda t: t.clone() if t is not None else None)  # noqa: E731
+        clone = lambda t: t.clone() if t is not None else None  # noqa: E731
         inter = None
         if out.intermediate is not None:
             stream = MhcStream(*(clone(t) for t in out.intermediate.stream.tensors()))
             inter = IntermediateTensors(clone(out.intermediate.x), stream)
-        return ModelOutput(logits=clone(out.logits), intermediate=inter,
-                           final_stream=clone(out.final_stream))
+        return ModelOutput(
+            logits=clone(out.logits), intermediate=inter, final_stream=clone(out.final_stream)
+        )
 
 
 def logits_tolerance(num_layers: int, reference: Tensor) -> float:

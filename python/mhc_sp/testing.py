@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What tests and benchmarks share: the contract's tolerances, seeded inputs, and ``OPS``, the
 registry of the five math ops.
 
@@ -36,10 +37,12 @@ def assert_close(actual: Tensor, expected: Tensor, name: str = "") -> None:
     and shapes must agree exactly."""
     assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, (
-        f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+        f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
     tol = BF16_TOL if expected.dtype == torch.bfloat16 else COEFF_TOL
-    torch.testing.assert_close(actual.float(), expected.float(), **tol,
-                               msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+        actual.float(), expected.float(), **tol, msg=lambda m: f"{name}: {m}"
+    )
 
 
 def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
@@ -74,6 +77,7 @@ def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
 
 
 # ---- the op registry -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -113,8 +117,16 @@ class OpInfo:
         args = tuple(None if k == "norm_weight" and not norm else inputs[k] for k in self.arg_keys)
         return Sample(args, {"cfg": cfg} if self.scalars is not None else {})
 
-    def sample_inputs(self, T: int, n: int, H: int, seed: int = 0, device="cpu",
-                      norm: bool = True, cfg: MhcConfig = DEFAULT) -> Sample:
+    def sample_inputs(
+        self,
+        T: int,
+        n: int,
+        H: int,
+        seed: int = 0,
+        device="cpu",
+        norm: bool = True,
+        cfg: MhcConfig = DEFAULT,
+    ) -> Sample:
         """A fresh seeded sample of the given shape."""
         return self.sample(random_inputs(T, n, H, seed, device), norm, cfg)
 
@@ -147,23 +159,55 @@ _STREAM_OUTPUTS = ("residual_out", *_PRE_OUTPUTS)
 _PRE_SCALARS = MhcConfig.scalars
 
 #: name -> OpInfo for the five math ops.
-OPS: dict[str, OpInfo] = {info.name: info for info in (
-    OpInfo("mhc_pre", ops.mhc_pre, reference.mhc_pre,
-           ("residual", "fn", "scale", "base", "norm_weight"), _PRE_OUTPUTS, _PRE_SCALARS),
-    OpInfo("mhc_post", ops.mhc_post, reference.mhc_post, ("x", "residual", "post", "comb"),
-           ("residual_out",), None),
-    OpInfo("mhc_post_pre", ops.mhc_post_pre, reference.mhc_post_pre,
-           ("x", "residual", "post", "comb", "fn", "scale", "base", "norm_weight"),
-           _STREAM_OUTPUTS, _PRE_SCALARS),
-    OpInfo("mhc_pre_broadcast", ops.mhc_pre_broadcast, reference.mhc_pre_broadcast,
-           ("x", "fn", "scale", "base", "norm_weight"), _STREAM_OUTPUTS, _PRE_SCALARS),
-    OpInfo("hc_head", ops.hc_head, reference.hc_head,
-           ("residual", "head_fn", "head_scale", "head_base"), ("hidden",),
-           lambda cfg: (cfg.rms_eps, cfg.hc_eps)),
-)}
+OPS: dict[str, OpInfo] = {
+    info.name: info
+    for info in (
+        OpInfo(
+            "mhc_pre",
+            ops.mhc_pre,
+            reference.mhc_pre,
+            ("residual", "fn", "scale", "base", "norm_weight"),
+            _PRE_OUTPUTS,
+            _PRE_SCALARS,
+        ),
+        OpInfo(
+            "mhc_post",
+            ops.mhc_post,
+            reference.mhc_post,
+            ("x", "residual", "post", "comb"),
+            ("residual_out",),
+            None,
+        ),
+        OpInfo(
+            "mhc_post_pre",
+            ops.mhc_post_pre,
+            reference.mhc_post_pre,
+            ("x", "residual", "post", "comb", "fn", "scale", "base", "norm_weight"),
+            _STREAM_OUTPUTS,
+            _PRE_SCALARS,
+        ),
+        OpInfo(
+            "mhc_pre_broadcast",
+            ops.mhc_pre_broadcast,
+            reference.mhc_pre_broadcast,
+            ("x", "fn", "scale", "base", "norm_weight"),
+            _STREAM_OUTPUTS,
+            _PRE_SCALARS,
+        ),
+        OpInfo(
+            "hc_head",
+            ops.hc_head,
+            reference.hc_head,
+            ("residual", "head_fn", "head_scale", "head_base"),
+            ("hidden",),
+            lambda cfg: (cfg.rms_eps, cfg.hc_eps),
+        ),
+    )
+}
 
 
 # ---- comparisons ----------------------------------------------------------------------------
+
 
 def check_outputs(info: OpInfo, sample: Sample, got, expected) -> None:
     """Each output of ``info`` on ``sample`` against its expected value (the reference's, or the
@@ -181,8 +225,9 @@ def check_outputs(info: OpInfo, sample: Sample, got, expected) -> None:
     if info.name == "mhc_post_pre" and not torch.equal(got[0], expected[0]):
         assert_close(got[0], expected[0], "mhc_post_pre.residual_out")
         assert_close(got[3], expected[3], "mhc_post_pre.layer_input")
-        fn, scale, base, norm_weight = (a.to(got[0].device) if isinstance(a, Tensor) else a
-                                        for a in sample.args[4:])
+        fn, scale, base, norm_weight = (
+            a.to(got[0].device) if isinstance(a, Tensor) else a for a in sample.args[4:]
+        )
         expected = (got[0], *reference.mhc_pre(got[0], fn, scale, base, norm_weight, sample.cfg))
     for out_name, a, b in zip(info.outputs, got, expected):
         assert_close(a, b, f"{info.name}.{out_name}")
@@ -196,15 +241,26 @@ def check_against_reference(info: OpInfo, sample: Sample) -> None:
 def check_compiled_chain(inputs: dict) -> None:
     """pre -> post -> post_pre -> head traced by ``torch.compile(fullgraph=True)`` equals eager
     bit for bit (the fake implementations and the real kernels agree on everything)."""
+
     def chain(residual, x, fn, scale, base, w, head_fn, head_scale, head_base):
         post, comb, layer_input = ops.mhc_pre(residual, fn, scale, base, w)
         residual = ops.mhc_post(layer_input * 2, residual, post, comb)
-        residual, post, comb, layer_input = ops.mhc_post_pre(x, residual, post, comb, fn, scale,
-                                                             base, w)
+        residual, post, comb, layer_input = ops.mhc_post_pre(
+            x, residual, post, comb, fn, scale, base, w
+        )
         return ops.hc_head(residual, head_fn, head_scale, head_base), layer_input
 
-    keys = ("residual", "x", "fn", "scale", "base", "norm_weight", "head_fn", "head_scale",
-            "head_base")
+    keys = (
+        "residual",
+        "x",
+        "fn",
+        "scale",
+        "base",
+        "norm_weight",
+        "head_fn",
+        "head_scale",
+        "head_base",
+    )
     args = [inputs[k] for k in keys]
     compiled = torch.compile(chain, fullgraph=True, backend="inductor")
     for a, b in zip(compiled(*args), chain(*args)):

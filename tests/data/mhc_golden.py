@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Golden data for the five math ops: float64 math, written apart from the fp32 kernels and from
 mhc_sp.reference, straight from the formulas of docs/design.md §1.
 
@@ -28,8 +29,15 @@ PATH = Path(__file__).with_name("mhc_golden.pt")
 FORMAT = 1
 
 #: DeepSeek-V4's constants; the data is made with these and only these.
-CONSTANTS = dict(rms_eps=1e-6, hc_pre_eps=1e-6, hc_sinkhorn_eps=1e-6, hc_post_mult=2.0,
-                 sinkhorn_iters=20, norm_eps=1e-6, hc_eps=1e-6)
+CONSTANTS = dict(
+    rms_eps=1e-6,
+    hc_pre_eps=1e-6,
+    hc_sinkhorn_eps=1e-6,
+    hc_post_mult=2.0,
+    sinkhorn_iters=20,
+    norm_eps=1e-6,
+    hc_eps=1e-6,
+)
 
 #: Weights stored as int8 multiples of a power-of-two step: ``<name>_q`` and ``<name>_step``.
 QUANTIZED = ("fn", "head_fn")
@@ -59,6 +67,7 @@ PRE_OPS = ("mhc_pre", "mhc_post_pre", "mhc_pre_broadcast")
 
 # ---- inputs: exact arithmetic on a stable bit stream -----------------------------------------
 
+
 class Draw:
     """Values from one seeded PCG64 stream using only exactly rounded operations."""
 
@@ -86,8 +95,9 @@ class Draw:
         return torch.round(self.normal(*shape, std=std) / step).to(torch.int8), step
 
 
-def draw_inputs(T: int, n: int, H: int, norm_dtype: torch.dtype, seed: int,
-                token_scale=None) -> dict:
+def draw_inputs(
+    T: int, n: int, H: int, norm_dtype: torch.dtype, seed: int, token_scale=None
+) -> dict:
     """One case's inputs as stored: the ops' tensors, with ``fn``/``head_fn`` as ``*_q``/``*_step``
     (see :func:`unpack_inputs`). ``token_scale`` multiplies each token's ``residual`` and ``x``."""
     d = Draw(seed)
@@ -138,6 +148,7 @@ def _sum_last(t: torch.Tensor) -> torch.Tensor:
 
 # ---- the math in float64 (docs/design.md §1) -----------------------------------------------
 
+
 def to_bf16(v: torch.Tensor) -> torch.Tensor:
     """float64 -> bf16 rounded to nearest even once. Going through fp32 can round twice: an fp32
     value that lands exactly halfway between two bf16 values is moved one fp32 ulp towards the
@@ -177,8 +188,8 @@ def pre(residual_bf16, fn, scale, base, norm_weight, k=CONSTANTS):
     mix = projection(residual, fn, k["rms_eps"])
     s, b = scale, base
     pre_w = torch.sigmoid(mix[:, :n] * s[0] + b[:n]) + k["hc_pre_eps"]
-    post = torch.sigmoid(mix[:, n:2 * n] * s[1] + b[n:2 * n]) * k["hc_post_mult"]
-    logits = (mix[:, 2 * n:] * s[2] + b[2 * n:]).reshape(T, n, n)
+    post = torch.sigmoid(mix[:, n : 2 * n] * s[1] + b[n : 2 * n]) * k["hc_post_mult"]
+    logits = (mix[:, 2 * n :] * s[2] + b[2 * n :]).reshape(T, n, n)
     comb = sinkhorn(logits, k["sinkhorn_iters"], k["hc_sinkhorn_eps"])
     layer_input = to_bf16((pre_w.unsqueeze(-1) * residual).sum(1))
     if norm_weight is not None:
@@ -206,22 +217,30 @@ def expected_outputs(i: dict, norm: bool) -> dict:
     w = d["norm_weight"] if norm else None
     n = i["residual"].shape[1]
     out = {}
-    out["mhc_pre"] = dict(zip(("post", "comb", "layer_input"),
-                              pre(i["residual"], d["fn"], d["scale"], d["base"], w)))
+    out["mhc_pre"] = dict(
+        zip(("post", "comb", "layer_input"), pre(i["residual"], d["fn"], d["scale"], d["base"], w))
+    )
     stream = post_op(d["x"], d["residual"], d["post"], d["comb"])
     out["mhc_post"] = {"residual_out": stream}
-    out["mhc_post_pre"] = dict(zip(("residual_out", "post", "comb", "layer_input"),
-                                   (stream, *pre(stream, d["fn"], d["scale"], d["base"], w))))
+    out["mhc_post_pre"] = dict(
+        zip(
+            ("residual_out", "post", "comb", "layer_input"),
+            (stream, *pre(stream, d["fn"], d["scale"], d["base"], w)),
+        )
+    )
     broadcast = _broadcast(i["x"], n)
-    out["mhc_pre_broadcast"] = dict(zip(("residual_out", "post", "comb", "layer_input"),
-                                        (broadcast, *pre(broadcast, d["fn"], d["scale"],
-                                                         d["base"], w))))
-    out["hc_head"] = {"hidden": head(i["residual"], d["head_fn"], d["head_scale"],
-                                     d["head_base"])}
+    out["mhc_pre_broadcast"] = dict(
+        zip(
+            ("residual_out", "post", "comb", "layer_input"),
+            (broadcast, *pre(broadcast, d["fn"], d["scale"], d["base"], w)),
+        )
+    )
+    out["hc_head"] = {"hidden": head(i["residual"], d["head_fn"], d["head_scale"], d["head_base"])}
     return out
 
 
 # ---- the file ---------------------------------------------------------------------------------
+
 
 def build() -> dict:
     """The whole file's content. One thread, so that float64 sums keep one order on every run."""
@@ -242,15 +261,25 @@ def _build() -> dict:
         expected = expected_outputs(inputs, norm=True)
         no_norm = expected_outputs(inputs, norm=False)
         # Stored once: post_pre's stream is mhc_post's, broadcast's is x repeated (see load()).
-        assert torch.equal(expected["mhc_post_pre"].pop("residual_out"),
-                           expected["mhc_post"]["residual_out"])
-        assert torch.equal(expected["mhc_pre_broadcast"].pop("residual_out"),
-                           _broadcast(inputs["x"], n))
-        cases.append({
-            "name": name, "T": T, "n": n, "H": H, "inputs": stored, "expected": expected,
-            "expected_no_norm": {op: {"layer_input": no_norm[op]["layer_input"]}
-                                 for op in PRE_OPS},
-        })
+        assert torch.equal(
+            expected["mhc_post_pre"].pop("residual_out"), expected["mhc_post"]["residual_out"]
+        )
+        assert torch.equal(
+            expected["mhc_pre_broadcast"].pop("residual_out"), _broadcast(inputs["x"], n)
+        )
+        cases.append(
+            {
+                "name": name,
+                "T": T,
+                "n": n,
+                "H": H,
+                "inputs": stored,
+                "expected": expected,
+                "expected_no_norm": {
+                    op: {"layer_input": no_norm[op]["layer_input"]} for op in PRE_OPS
+                },
+            }
+        )
     return {"format": FORMAT, "constants": dict(CONSTANTS), "cases": cases}
 
 
@@ -276,16 +305,22 @@ def load(path=PATH) -> dict:
         expected = case["expected"]
         expected["mhc_post_pre"]["residual_out"] = expected["mhc_post"]["residual_out"]
         expected["mhc_pre_broadcast"]["residual_out"] = _broadcast(inputs["x"], case["n"])
-        case["expected_no_norm"] = {op: {**outs, **case["expected_no_norm"].get(op, {})}
-                                    for op, outs in expected.items()}
+        case["expected_no_norm"] = {
+            op: {**outs, **case["expected_no_norm"].get(op, {})} for op, outs in expected.items()
+        }
     return doc
 
 
 def differences(a, b, where="") -> list[str]:
     """Where two builds differ (tensors compared bit for bit, dtype included)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(_bits(a), _bits(b)))
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(_bits(a), _bits(b))
+        )
         return [] if same else [where]
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The boundary protocol: how the ranks of one group exchange a boundary's rows through memory
 // that every rank can load and store directly. The CPU shared-memory transport
@@ -34,8 +35,10 @@
 //     own. All ranks see the same headers, so all of them detect a mismatch (different ops, token
 //     counts, shapes, or a rank that skipped a call) and fail; nobody reads rows laid out for a
 //     different call. Sizes come from the header (layout_for), never from the peer's data.
-//  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from rank
-//     0's value, and round once to the output type: every rank gets bitwise the same sum.
+//  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from +0,
+//     and round once to the output type: every rank gets bitwise the same sum. Starting from +0
+//     makes a position where every rank holds -0 sum to +0 (as it must where -0 is the symm
+//     mailbox's empty marker); every transport and mhc_sp.reference.sum_partials do the same.
 //     Rows at or past a call's real rows (padding) read as zeros and are never published.
 //  6. Errors. A wait is bounded by the group's timeout and fails early when a peer is known to be
 //     gone (CPU: its process no longer exists). The failing rank stores 1 + its rank into
@@ -81,12 +84,12 @@ enum Flags : uint32_t {
 };
 
 struct SegmentHeader {
-  uint64_t magic;           // kMagic, stored last by the creator (release)
-  uint32_t version;         // kVersion
-  uint32_t world;           // ranks
-  uint64_t half_bytes;      // bytes of one slot half (a multiple of kAlign)
-  uint64_t total_bytes;     // segment_bytes(world, half_bytes): the size every rank must see
-  uint32_t broken;          // 0, or 1 + the rank that marked the workspace broken
+  uint64_t magic;        // kMagic, stored last by the creator (release)
+  uint32_t version;      // kVersion
+  uint32_t world;        // ranks
+  uint64_t half_bytes;   // bytes of one slot half (a multiple of kAlign)
+  uint64_t total_bytes;  // segment_bytes(world, half_bytes): the size every rank must see
+  uint32_t broken;       // 0, or 1 + the rank that marked the workspace broken
   uint32_t reserved;
   char next_name[kNameBytes];  // growth: the name of the segment that replaces this one
 };
@@ -207,10 +210,11 @@ MHC_SP_HOST_DEVICE inline uint32_t load_broken(const uint32_t* p) {
 #endif
 }
 
-// The first rank to break the workspace is the one recorded.
+// The first rank to break the workspace is the one recorded. On the device `p` may be a peer
+// GPU's memory, so the CAS is system-scoped.
 MHC_SP_HOST_DEVICE inline void mark_broken(uint32_t* p, uint32_t rank) {
 #if defined(__CUDA_ARCH__)
-  atomicCAS(p, 0u, rank + 1);
+  atomicCAS_system(p, 0u, rank + 1);
   __threadfence_system();
 #else
   uint32_t expected = 0;

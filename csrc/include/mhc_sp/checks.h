@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Argument checks shared by every op and backend. Each failure raises a Python exception
 // (TypeError for dtypes, ValueError otherwise) whose message starts with the argument's name.
@@ -21,16 +22,17 @@ inline void check_dtype(const Tensor& t, const char* name, at::ScalarType dtype)
 }
 
 inline void check_dim(const Tensor& t, const char* name, int64_t dim, const char* layout) {
-  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected a ", dim, "-d tensor ", layout, ", got shape ",
-                    shape_str(t));
+  TORCH_CHECK_VALUE(t.dim() == dim, name, ": expected a ", dim, "-d tensor ", layout,
+                    ", got shape ", shape_str(t));
 }
 
 inline void check_contiguous(const Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": expected a contiguous tensor (shape ",
-                    shape_str(t), ", strides ", t.strides(), ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, ": expected a contiguous tensor (shape ", shape_str(t),
+                    ", strides ", t.strides(), ")");
 }
 
-inline void check_device(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
+inline void check_device(const Tensor& t, const char* name, const Tensor& ref,
+                         const char* ref_name) {
   TORCH_CHECK_VALUE(t.device() == ref.device(), name, ": expected a tensor on ", ref.device(),
                     " (the device of ", ref_name, "), got ", t.device());
 }
@@ -136,9 +138,9 @@ inline MhcScalars check_scalars(double rms_eps, double hc_pre_eps, double hc_sin
                     hc_sinkhorn_eps);
   TORCH_CHECK_VALUE(sinkhorn_iters >= 1 && sinkhorn_iters <= 1000,
                     "sinkhorn_iters: expected a value in [1, 1000], got ", sinkhorn_iters);
-  return MhcScalars{static_cast<float>(rms_eps),      static_cast<float>(hc_pre_eps),
+  return MhcScalars{static_cast<float>(rms_eps),         static_cast<float>(hc_pre_eps),
                     static_cast<float>(hc_sinkhorn_eps), static_cast<float>(hc_post_mult),
-                    static_cast<int>(sinkhorn_iters), static_cast<float>(norm_eps)};
+                    static_cast<int>(sinkhorn_iters),    static_cast<float>(norm_eps)};
 }
 
 }  // namespace mhc_sp

@@ -1,6 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Per-token mHC coefficients from the projected mix (DESIGN §1 steps 2-4). Shared by the CPU
-// and CUDA kernels so that both follow one definition of the Sinkhorn normalisation.
+// Per-token mHC coefficients from the projected mix (docs/design.md §1 steps 2-4). Shared by the
+// CPU and CUDA kernels so that both follow one definition of the Sinkhorn normalisation.
 
 #include <cmath>
 
@@ -23,9 +24,8 @@ MHC_HD void pre_weights(const float* mix, float inv_rms, float s0, const float* 
 }
 
 // mix has n*(n+2) entries: n pre logits, n post logits, n*n comb logits (row i = input stream).
-MHC_HD void mhc_coefficients(const float* mix, float inv_rms, const float* scale,
-                             const float* base, int n, const MhcScalars& s, float* pre,
-                             float* post, float* comb) {
+MHC_HD void mhc_coefficients(const float* mix, float inv_rms, const float* scale, const float* base,
+                             int n, const MhcScalars& s, float* pre, float* post, float* comb) {
   pre_weights(mix, inv_rms, scale[0], base, n, s.hc_pre_eps, pre);
   for (int j = 0; j < n; ++j)
     post[j] = sigmoidf(mix[n + j] * inv_rms * scale[1] + base[n + j]) * s.hc_post_mult;

@@ -1,9 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
 // `str group` argument. Each registered group has at most one transport per device type, fixed at
 // init: for CPU tensors the group's own gloo backend (csrc/transport/gloo.cpp) or a same-host
 // shared-memory workspace (csrc/transport/shm_*.cpp); for CUDA tensors an NCCL communicator
-// created by mhc_sp (csrc/cuda/nccl_comm.cpp). A world of one needs none ("local").
+// created by mhc_sp (csrc/cuda/nccl_comm.cpp) or a symmetric-memory workspace over the peers' GPU
+// buffers (csrc/cuda/symm_comm.cpp). A world of one needs none ("local").
 
 #include <ATen/ATen.h>
 
@@ -12,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "mhc_sp/checks.h"
 #include "mhc_sp/scalars.h"
@@ -64,12 +67,14 @@ struct HeadArgs {
   int64_t num_tokens;
 };
 
-using EntryOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual, post, comb, layer_input
-using LayerOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
-using HeadOutputs = std::tuple<Tensor, Tensor>;                   // hidden, residual_out
+using EntryOutputs =
+    std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual, post, comb, layer_input
+using LayerOutputs =
+    std::tuple<Tensor, Tensor, Tensor, Tensor>;  // residual_out, post, comb, layer_input
+using HeadOutputs = std::tuple<Tensor, Tensor>;  // hidden, residual_out
 
 // A transport that runs a whole boundary (exchange, mHC math, gather) in one pass. Outputs follow
-// DESIGN §2 exactly, padding rows of the stream outputs included (zeros).
+// docs/design.md §2 exactly, padding rows of the stream outputs included (zeros).
 class FusedBoundary {
  public:
   virtual ~FusedBoundary() = default;
@@ -82,7 +87,7 @@ class FusedBoundary {
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  // "gloo", "shm", "nccl": what mhc_sp.distributed.transport() reports.
+  // "gloo", "shm", "nccl", "symm": what mhc_sp.distributed.transport() reports.
   virtual const char* transport() const = 0;
   // out (world * rows, ...) <- concatenation of every rank's in (rows, ...)
   virtual void all_gather(Tensor& out, const Tensor& in) = 0;
@@ -94,12 +99,20 @@ class Communicator {
   virtual FusedBoundary* fused() { return nullptr; }
 };
 
-// A registered group as seen by one op call: `comm` serves the call's device (null when world == 1).
+// A registered group as seen by one op call: `comm` serves the call's device (null when world ==
+// 1).
 struct GroupHandle {
   int64_t rank;
   int64_t world;
   Communicator* comm;
 };
+
+// The boundary composed from the group's collectives (`g.comm`) and the math ops (csrc/sp_ops.cpp):
+// what the fused ops run when the transport has no one-pass boundary, and what a FusedBoundary
+// runs for calls it does not take itself.
+EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g);
+LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g);
+HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g);
 
 // Registers `name` (rank, world) and, when world > 1 and the group has a CPU backend, gloo as its
 // CPU transport. Idempotent: registering again with the same rank and world keeps the transports.
@@ -117,6 +130,12 @@ std::string group_transport(const std::string& name, c10::DeviceType device_type
 // group is unknown to mhc_sp or has no transport for t's device.
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg);
 
+// dst <- the sum of `count` elements at each of parts[0], parts[1], ... (rank order) from +0, in
+// fp32 for bf16/fp16 data, rounded once to `dtype` (csrc/transport/rank_order_sum.cpp): the one
+// reduction rule of the CPU transports.
+void rank_order_sum(void* dst, const std::vector<const void*>& parts, int64_t count,
+                    at::ScalarType dtype);
+
 // CPU transports (csrc/transport/). Each is collective over the group: every rank calls it.
 std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name);
 // A fresh unguessable POSIX shared-memory name (rank 0 makes it, the group broadcasts it).
@@ -132,6 +151,10 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
 // then creates its communicator on `device` and attaches it to the registered group `name`.
 std::string nccl_unique_id();
 void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device);
+// The same communicator, returned instead of attached (the symm transport keeps it as its
+// fallback).
+std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
+                                                     const std::string& unique_id, int64_t device);
 #endif
 
 }  // namespace mhc_sp

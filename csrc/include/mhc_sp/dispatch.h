@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Runtime hc_mult -> compile-time N, so per-stream arrays live in registers and loops unroll.
 

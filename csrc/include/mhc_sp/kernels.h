@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Every kernel entry point of the mHC math ops, by backend. The ops (csrc/mhc_ops.cpp) validate,
 // allocate, and call the KernelTable of the tensors' device: raw pointers, no checks.
@@ -5,8 +6,8 @@
 //         (functions named as the table's fields, and that ISA's `table`); csrc/cpu/dispatch.cpp
 //         picks the best one the processor supports.
 //   CUDA  csrc/cuda/<op>.cu, the functions declared in mhc_sp::cuda below (current stream).
-// Numerics every kernel keeps (DESIGN §3b): a token's outputs are bitwise independent of the
-// number of tokens in the call and of the thread count or grid.
+// Numerics every kernel keeps (docs/design.md §3b): a token's outputs are bitwise independent of
+// the number of tokens in the call and of the thread count or grid.
 
 #include <c10/util/BFloat16.h>
 
@@ -27,7 +28,7 @@ struct PostParams {
   const float* comb;         // (T, n, n)
   BFloat16* residual_out;    // (T, n, H)
   // CPU kernels only: when x_parts_count > 0, x is unused and row t of x is the fp32 sum of
-  // x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
+  // +0 + x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
   // boundary's reduction into the post: the parts are the ranks' partial rows in shared memory,
   // and the reduced x is never materialised.
   const BFloat16* const* x_parts = nullptr;  // x_parts_count pointers to (T, H) rows
@@ -38,15 +39,15 @@ struct PostParams {
 // mhc_pre_broadcast (fn pre-summed over streams, (rows, H)) and hc_head (rows = n, post/comb null).
 struct PreParams {
   int64_t T, n, H;
-  int64_t rows;               // fn rows: n*(n+2), or n for hc_head
-  const float* fn;            // (rows, n*H), or (rows, H) for mhc_pre_broadcast
-  const float* scale;         // (3,) or (1,) for hc_head
-  const float* base;          // (rows,)
-  const float* norm_weight;   // (H,) fp32 or nullptr
+  int64_t rows;              // fn rows: n*(n+2), or n for hc_head
+  const float* fn;           // (rows, n*H), or (rows, H) for mhc_pre_broadcast
+  const float* scale;        // (3,) or (1,) for hc_head
+  const float* base;         // (rows,)
+  const float* norm_weight;  // (H,) fp32 or nullptr
   MhcScalars s;
-  float* post;                // (T, n) or nullptr (hc_head)
-  float* comb;                // (T, n, n) or nullptr (hc_head)
-  BFloat16* out;              // (T, H): layer_input, or hc_head's hidden
+  float* post;    // (T, n) or nullptr (hc_head)
+  float* comb;    // (T, n, n) or nullptr (hc_head)
+  BFloat16* out;  // (T, H): layer_input, or hc_head's hidden
 };
 
 struct KernelTable {
@@ -78,11 +79,12 @@ extern const KernelTable table;  // defined only where the build compiles the AV
 const KernelTable& cuda_kernels();
 
 namespace cuda {
-void mhc_post(const PostParams& p);                                                 // mhc_kernels.cu
-void mhc_pre(const BFloat16* residual, const PreParams& p);                         // mhc_pre.cu
-void mhc_post_pre(const PostParams& q, const PreParams& p);                         // mhc_post_pre.cu
-void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParams& p);  // mhc_pre_broadcast.cu
-void hc_head(const BFloat16* residual, const PreParams& p);                         // hc_head.cu
+void mhc_post(const PostParams& p);                          // mhc_kernels.cu
+void mhc_pre(const BFloat16* residual, const PreParams& p);  // mhc_pre.cu
+void mhc_post_pre(const PostParams& q, const PreParams& p);  // mhc_post_pre.cu
+void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out,
+                       const PreParams& p);                  // mhc_pre_broadcast.cu
+void hc_head(const BFloat16* residual, const PreParams& p);  // hc_head.cu
 }  // namespace cuda
 #endif
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // NVTX ranges in the "mhc_sp" domain (header-only NVTX3; a no-op unless a profiler such as nsys is
 // attached). Without the CUDA toolkit headers the ranges compile to nothing.

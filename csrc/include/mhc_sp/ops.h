@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Every op of DESIGN §2 as a C++ function, device-generic. The math ops (csrc/mhc_ops.cpp)
+// Every op of docs/design.md §2 as a C++ function, device-generic. The math ops (csrc/mhc_ops.cpp)
 // validate, allocate and run the kernel table of the tensors' device; the collectives and fused
 // SP ops (csrc/sp_ops.cpp) call them on token shards. registration.cpp registers them all.
 

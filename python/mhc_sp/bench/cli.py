@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Entry point of ``mhc-sp-bench`` (``pyproject``: ``mhc-sp-bench = mhc_sp.bench.cli:main``).
 
 Without a subcommand it runs a quick ``tune``: it measures from how many tokens sequence
@@ -35,9 +36,11 @@ def subcommand_modules() -> list[ModuleType]:
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every discovered subcommand registered."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Benchmarks and checks for mhc_sp. Without a command: a quick "
-                               "`tune` (tp=2, hidden 4096) that recommends --sp-threshold for "
-                               "this machine.")
+        prog=PROG,
+        description="Benchmarks and checks for mhc_sp. Without a command: a quick "
+        "`tune` (tp=2, hidden 4096) that recommends --sp-threshold for "
+        "this machine.",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in subcommand_modules():
         module.register(subparsers)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Flags and value parsers that every ``mhc-sp-bench`` subcommand shares."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ def int_list(text: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
     return values
@@ -28,9 +30,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write results as JSON")
     p.add_argument("--csv", help="write results as CSV")
     p.add_argument("--plot", help="write a PNG plot (needs matplotlib)")
-    p.add_argument("--profile", choices=("nsys", "torch"),
-                   help="nsys: cudaProfilerStart/Stop around the measured region (run under "
-                        "nsys profile --capture-range=cudaProfilerApi); torch: a torch.profiler "
-                        "trace")
-    p.add_argument("--trace", default="mhc_sp_trace.json",
-                   help="--profile torch output (Chrome trace)")
+    p.add_argument(
+        "--profile",
+        choices=("nsys", "torch"),
+        help="nsys: cudaProfilerStart/Stop around the measured region (run under "
+        "nsys profile --capture-range=cudaProfilerApi); torch: a torch.profiler "
+        "trace",
+    )
+    p.add_argument(
+        "--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)"
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``mhc-sp-bench model``: run the DeepSeek-V4-style model on tp x pp ranks, report per-phase
 timings, whether SP engaged, and the MTP draft steps (each a forward with its own SP decision);
 ``--check`` compares the logits and every draft step with the tp=1 model.
@@ -27,37 +28,66 @@ PREFIX = "mhc-sp-bench model"
 def register(subparsers) -> None:
     """Add the ``model`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
-        "model", help="run the V4-style model with TP/PP/SP (and MTP drafts) and report timings",
+        "model",
+        help="run the V4-style model with TP/PP/SP (and MTP drafts) and report timings",
         description="Run one forward (plus warm-up and timed repeats) of the DeepSeek-V4-style "
-                    "model on tp x pp ranks and report per-phase timings and whether SP engaged. "
-                    "With --num-speculative-tokens K the MTP layer then drafts K tokens, each step "
-                    "a forward of its own. --check compares the logits and every draft step with "
-                    "the tp=1 model on the same weights (MoE routing and drafted tokens replayed "
-                    "from the TP run) and exits 1 above tolerance. Configuration errors exit 2.")
+        "model on tp x pp ranks and report per-phase timings and whether SP engaged. "
+        "With --num-speculative-tokens K the MTP layer then drafts K tokens, each step "
+        "a forward of its own. --check compares the logits and every draft step with "
+        "the tp=1 model on the same weights (MoE routing and drafted tokens replayed "
+        "from the TP run) and exits 1 above tolerance. Configuration errors exit 2.",
+    )
     EngineArgs.add_cli_args(p)
     run = p.add_argument_group("this run")
-    run.add_argument("--tokens", type=positive_int, default=64,
-                     help="tokens in the forward (default: %(default)s)")
-    run.add_argument("--requests", type=positive_int, default=1,
-                     help="the tokens form this many requests of equal length; draft steps after "
-                          "the first run on the last token of each (default: %(default)s)")
-    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                     help="where the ranks run (default: %(default)s)")
-    run.add_argument("--warmup", type=non_negative_int, default=1,
-                     help="untimed forwards first (default: %(default)s)")
-    run.add_argument("--iters", type=non_negative_int, default=3,
-                     help="timed forwards (default: %(default)s)")
-    run.add_argument("--timeout", type=float, default=600.0,
-                     help="seconds before the spawned ranks are killed (default: %(default)s)")
-    run.add_argument("--check", action="store_true",
-                     help="compare the logits and each draft step with tp=1; print "
-                          "max_abs_diff=<value>; exit 1 above tolerance")
+    run.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=64,
+        help="tokens in the forward (default: %(default)s)",
+    )
+    run.add_argument(
+        "--requests",
+        type=positive_int,
+        default=1,
+        help="the tokens form this many requests of equal length; draft steps after "
+        "the first run on the last token of each (default: %(default)s)",
+    )
+    run.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the ranks run (default: %(default)s)",
+    )
+    run.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=1,
+        help="untimed forwards first (default: %(default)s)",
+    )
+    run.add_argument(
+        "--iters", type=non_negative_int, default=3, help="timed forwards (default: %(default)s)"
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds before the spawned ranks are killed (default: %(default)s)",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the logits and each draft step with tp=1; print "
+        "max_abs_diff=<value>; exit 1 above tolerance",
+    )
     run.add_argument("--json", help="write the run's summary (plans, phase times, check) as JSON")
-    run.add_argument("--profile", choices=("nsys", "torch"),
-                     help="bracket the timed forwards on rank 0 for nsys (cudaProfilerApi) or "
-                          "torch.profiler")
-    run.add_argument("--trace", default="mhc_sp_trace.json",
-                     help="--profile torch output (Chrome trace)")
+    run.add_argument(
+        "--profile",
+        choices=("nsys", "torch"),
+        help="bracket the timed forwards on rank 0 for nsys (cudaProfilerApi) or torch.profiler",
+    )
+    run.add_argument(
+        "--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)"
+    )
     p.set_defaults(func=run_model)
 
 
@@ -90,7 +120,8 @@ def _under_torchrun() -> bool:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    """The ``model`` subcommand: 0 = ok, 1 = check failed or a rank failed, 2 = configuration error."""
+    """The ``model`` subcommand: 0 = ok, 1 = check failed or a rank failed, 2 = configuration
+    error."""
     started = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else None
     try:
         engine = build_engine(args, started)
@@ -103,8 +134,10 @@ def run_model(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             return _error("--device cuda: no CUDA device is available")
         if not _under_torchrun() and torch.cuda.device_count() < world:
-            return _error(f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
-                          f"ranks need {world} GPUs, found {torch.cuda.device_count()}")
+            return _error(
+                f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
+                f"ranks need {world} GPUs, found {torch.cuda.device_count()}"
+            )
     if _under_torchrun():
         rank = int(os.environ["RANK"])
         return _finish(args, [_rank_main(rank, world, "env://", args, engine)])
@@ -115,6 +148,7 @@ def run_model(args: argparse.Namespace) -> int:
 
 # ---- launching ------------------------------------------------------------------------------
 
+
 def _finish(args, results: list[dict]) -> int:
     """Print the reporting rank's lines, write --json; the exit code of the worst rank."""
     for result in results:
@@ -123,8 +157,12 @@ def _finish(args, results: list[dict]) -> int:
         if result.get("summary") and args.json:
             import torch
 
-            doc = report.document("model", [result["summary"]], torch.device(args.device),
-                                  argv=getattr(args, "argv", None))
+            doc = report.document(
+                "model",
+                [result["summary"]],
+                torch.device(args.device),
+                argv=getattr(args, "argv", None),
+            )
             report.write_json(doc, args.json)
     return max(result["code"] for result in results)
 
@@ -133,8 +171,17 @@ def _spawn(world: int, args, engine) -> int:
     """Run ``world`` ranks as spawned processes; print the reporting rank's report."""
     backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
     try:
-        results = run_world(world, _rank_main, None, args, engine, timeout=args.timeout, backend=backend,
-                            threads=None, collective_timeout=max(60.0, args.timeout))
+        results = run_world(
+            world,
+            _rank_main,
+            None,
+            args,
+            engine,
+            timeout=args.timeout,
+            backend=backend,
+            threads=None,
+            collective_timeout=max(60.0, args.timeout),
+        )
     except AssertionError as e:
         print(f"{PREFIX}: {e}", file=sys.stderr)
         return 1
@@ -143,9 +190,12 @@ def _spawn(world: int, args, engine) -> int:
 
 # ---- one rank -------------------------------------------------------------------------------
 
-def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: EngineConfig) -> dict:
-    """Run the benchmark on this rank. Returns ``{"code": int, "report": [lines] or None}``; only the
-    reporting rank (TP rank 0 of the last stage) has a report."""
+
+def _rank_main(
+    rank: int, world: int, init_method: Optional[str], args, engine: EngineConfig
+) -> dict:
+    """Run the benchmark on this rank. Returns ``{"code": int, "report": [lines] or None}``; only
+    the reporting rank (TP rank 0 of the last stage) has a report."""
     import torch
     import torch.distributed as dist
 
@@ -164,8 +214,13 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     if world > 1 and not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=max(60.0, args.timeout)))
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=max(60.0, args.timeout)),
+        )
     try:
         groups = init_parallel_groups(engine.parallel, device)
         runner = ModelRunner(engine, groups, device)
@@ -178,8 +233,17 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
 
         def step(timer=None, routing=None):
             out = runner.forward(ids, return_final_stream=steps > 0, timer=timer, routing=routing)
-            drafts = (runner.propose(out.final_stream, next_ids, last_token_indices=rows,
-                                     timer=timer, routing=routing) if steps else None)
+            drafts = (
+                runner.propose(
+                    out.final_stream,
+                    next_ids,
+                    last_token_indices=rows,
+                    timer=timer,
+                    routing=routing,
+                )
+                if steps
+                else None
+            )
             return out, drafts
 
         for _ in range(args.warmup):
@@ -208,26 +272,37 @@ def _rank_main(rank: int, world: int, init_method: Optional[str], args, engine: 
                 dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
                 recorded = [t for stage in per_stage for t in stage]
             if reporting:
-                check_lines, code, diffs = _check(engine, groups, device, ids, next_ids, rows, out,
-                                                  drafts, recorded)
+                check_lines, code, diffs = _check(
+                    engine, groups, device, ids, next_ids, rows, out, drafts, recorded
+                )
         report_lines = summary = None
         if reporting:
             draft_plans = drafts.plans if drafts else []
             report_lines = _report(args, engine, plan, draft_plans, stage_phases, total)
             report_lines += check_lines
             iters = max(1, args.iters)
-            summary = {"tp": engine.parallel.tensor_parallel_size,
-                       "pp": engine.parallel.pipeline_parallel_size,
-                       "tokens": plan.num_tokens, "padded_tokens": plan.padded_tokens,
-                       "sp_engaged": plan.sharded, "cudagraph_size": plan.graph_size,
-                       "draft_steps": [{"tokens": p.num_tokens, "padded_tokens": p.padded_tokens,
-                                        "sp_engaged": p.sharded, "cudagraph_size": p.graph_size}
-                                       for p in draft_plans],
-                       "total_ms": 1e3 * total / iters,
-                       "phases_ms": [{k: 1e3 * v / iters for k, v in ph.items()} for ph in stage_phases],
-                       "max_abs_diff": max(diffs.values()) if diffs else None,
-                       "max_abs_diff_by_output": diffs,
-                       "check_passed": (code == 0) if args.check else None}
+            summary = {
+                "tp": engine.parallel.tensor_parallel_size,
+                "pp": engine.parallel.pipeline_parallel_size,
+                "tokens": plan.num_tokens,
+                "padded_tokens": plan.padded_tokens,
+                "sp_engaged": plan.sharded,
+                "cudagraph_size": plan.graph_size,
+                "draft_steps": [
+                    {
+                        "tokens": p.num_tokens,
+                        "padded_tokens": p.padded_tokens,
+                        "sp_engaged": p.sharded,
+                        "cudagraph_size": p.graph_size,
+                    }
+                    for p in draft_plans
+                ],
+                "total_ms": 1e3 * total / iters,
+                "phases_ms": [{k: 1e3 * v / iters for k, v in ph.items()} for ph in stage_phases],
+                "max_abs_diff": max(diffs.values()) if diffs else None,
+                "max_abs_diff_by_output": diffs,
+                "check_passed": (code == 0) if args.check else None,
+            }
         if dist.is_initialized():
             dist.barrier()
         return {"code": code, "report": report_lines, "summary": summary}
@@ -257,13 +332,22 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
     r = ref.forward(ids, return_final_stream=steps > 0, routing=replay)
     compared = [("logits", out.logits, r.logits, engine.model.num_layers)]
     if steps:
-        dr = ref.propose(r.final_stream, next_ids, last_token_indices=rows,
-                         draft_tokens=drafts.tokens, routing=replay)
-        compared += [(f"draft step {j}", x, y, engine.model.num_layers + j + 1)
-                     for j, (x, y) in enumerate(zip(drafts.logits, dr.logits))]
+        dr = ref.propose(
+            r.final_stream,
+            next_ids,
+            last_token_indices=rows,
+            draft_tokens=drafts.tokens,
+            routing=replay,
+        )
+        compared += [
+            (f"draft step {j}", x, y, engine.model.num_layers + j + 1)
+            for j, (x, y) in enumerate(zip(drafts.logits, dr.logits))
+        ]
     choices = sum(t.numel() for t in free.recorded)
-    differ = sum(int((a[:b.shape[0]].sort(-1).values.cpu() != b.sort(-1).values.cpu()).sum())
-                 for a, b in zip(recorded, free.recorded))
+    differ = sum(
+        int((a[: b.shape[0]].sort(-1).values.cpu() != b.sort(-1).values.cpu()).sum())
+        for a, b in zip(recorded, free.recorded)
+    )
     lines, diffs, ok = [], {}, True
     for name, x, y, depth in compared:
         diff, tol = (x - y).abs().max().item(), logits_tolerance(depth, y)
@@ -271,10 +355,12 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
         ok = ok and diff <= tol
         lines.append(f"  {name}: max_abs_diff {diff:.4g} (tolerance {tol:.4g})")
     worst = max(diffs.values())
-    lines = [f"max_abs_diff={worst:.6g}",
-             f"check: {'PASS' if ok else 'FAIL'} against tp=1, pp=1 on the same weights (MoE "
-             f"routing and drafted tokens replayed from this run; {differ}/{choices} expert "
-             f"choices of the main forward differ from free tp=1 routing):"] + lines
+    lines = [
+        f"max_abs_diff={worst:.6g}",
+        f"check: {'PASS' if ok else 'FAIL'} against tp=1, pp=1 on the same weights (MoE "
+        f"routing and drafted tokens replayed from this run; {differ}/{choices} expert "
+        f"choices of the main forward differ from free tp=1 routing):",
+    ] + lines
     return lines, 0 if ok else 1, diffs
 
 
@@ -298,8 +384,10 @@ def _report(args, engine, plan, draft_plans, stage_phases, total) -> list[str]:
         f"SP engaged: {sp(plan)}",
     ]
     for j, d in enumerate(draft_plans):
-        lines.append(f"MTP draft step {j}: tokens={d.num_tokens} padded={d.padded_tokens} "
-                     f"SP engaged: {sp(d)}")
+        lines.append(
+            f"MTP draft step {j}: tokens={d.num_tokens} padded={d.padded_tokens} "
+            f"SP engaged: {sp(d)}"
+        )
     lines.append(f"per-phase time, ms per forward (mean of {iters}; TP rank 0 of each stage):")
     for stage, phases in enumerate(stage_phases):
         parts = "  ".join(f"{k} {1e3 * v / iters:.3f}" for k, v in phases.items())

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``mhc-sp-bench ops``: every math op against the eager reference and torch.compile of it, with
 achieved bandwidth as a share of the copy bandwidth measured in the same run.
 
@@ -27,23 +28,39 @@ from .timing import copy_call, time_calls
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("ops", help="math ops vs eager and compiled reference, GB/s vs copy",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "ops", help="math ops vs eager and compiled reference, GB/s vs copy", description=__doc__
+    )
     p.add_argument("--tokens", type=int_list, default=[1, 16, 256, 4096])
     p.add_argument("--hidden", type=int_list, default=[4096])
     p.add_argument("--hc-mult", type=int, default=4)
     p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
-    p.add_argument("--no-norm", action="store_true",
-                   help="pre ops without the fused RMSNorm weight")
-    p.add_argument("--compare", default="eager,compile",
-                   help="baselines: eager reference, torch.compile of it (comma list, or 'none')")
-    p.add_argument("--gemm", action="store_true",
-                   help="also time one fp32 X @ fn^T (torch.matmul), the bound mhc_pre is held to")
-    p.add_argument("--graph-max-tokens", type=int, default=256,
-                   help="CUDA: time token counts up to this as CUDA-graph replays")
-    p.add_argument("--budget-s", type=float, default=0.0,
-                   help="start no new shape after this many seconds (0: no limit; the first "
-                        "shape always runs)")
+    p.add_argument(
+        "--no-norm", action="store_true", help="pre ops without the fused RMSNorm weight"
+    )
+    p.add_argument(
+        "--compare",
+        default="eager,compile",
+        help="baselines: eager reference, torch.compile of it (comma list, or 'none')",
+    )
+    p.add_argument(
+        "--gemm",
+        action="store_true",
+        help="also time one fp32 X @ fn^T (torch.matmul), the bound mhc_pre is held to",
+    )
+    p.add_argument(
+        "--graph-max-tokens",
+        type=int,
+        default=256,
+        help="CUDA: time token counts up to this as CUDA-graph replays",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="start no new shape after this many seconds (0: no limit; the first "
+        "shape always runs)",
+    )
     add_common_args(p)
     p.set_defaults(func=run)
 
@@ -60,15 +77,20 @@ def run(args) -> int:
         report.usage_error("ops", f"--ops: unknown op(s) {unknown}; choose from {list(OPS)}")
     baselines = [] if args.compare == "none" else args.compare.split(",")
     if set(baselines) - {"eager", "compile"}:
-        report.usage_error("ops", f"--compare: expected eager,compile or none, got {args.compare!r}")
+        report.usage_error(
+            "ops", f"--compare: expected eager,compile or none, got {args.compare!r}"
+        )
     if not 1 <= args.hc_mult <= 8:
         report.usage_error("ops", f"--hc-mult: expected a value in [1, 8], got {args.hc_mult}")
     cfg = MhcConfig(hc_mult=args.hc_mult)
     with profiled(args.profile, args.trace):
         rows, skipped = measure(args, names, baselines, cfg, device)
     columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
-    columns += [c for c in ("graph", "x_gemm", "x_separate", "x_eager", "x_compile")
-                if any(c in r for r in rows)]
+    columns += [
+        c
+        for c in ("graph", "x_gemm", "x_separate", "x_eager", "x_compile")
+        if any(c in r for r in rows)
+    ]
 
     def plot(ax, rows):
         for name in names:
@@ -83,8 +105,9 @@ def run(args) -> int:
     extra = {"skipped_shapes": skipped} if skipped else None
     report.emit("ops", rows, columns, args, device, extra=extra, plot=plot)
     if skipped:
-        print(f"--budget-s {args.budget_s:g} reached: shapes not measured (hidden, tokens): "
-              f"{skipped}")
+        print(
+            f"--budget-s {args.budget_s:g} reached: shapes not measured (hidden, tokens): {skipped}"
+        )
     return 0
 
 
@@ -104,8 +127,10 @@ def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
             info = OPS[name]
             sample = info.sample(i, norm=not args.no_norm, cfg=cfg)
             nbytes = info.bytes_moved(sample)
-            fns = {"op": functools.partial(info.op, *sample.args, **sample.kwargs),
-                   "copy": copy_call(nbytes, device)}
+            fns = {
+                "op": functools.partial(info.op, *sample.args, **sample.kwargs),
+                "copy": copy_call(nbytes, device),
+            }
             if name == "mhc_post_pre":  # the same work as two ops
                 a = sample.args
                 fns["separate"] = lambda a=a: ops.mhc_pre(ops.mhc_post(*a[:4]), *a[4:], cfg=cfg)
@@ -138,9 +163,18 @@ def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
 def row(name: str, T: int, H: int, nbytes: int, t: dict, device: torch.device) -> dict:
     """One table row from the timings of an op (``t["op"]``), the copy and the baselines."""
     op, copy = t["op"], t["copy"]
-    r = {"op": name, "tokens": T, "hidden": H, "bytes": nbytes, "median_us": op.median * 1e6,
-         "p10_us": op.p10 * 1e6, "p90_us": op.p90 * 1e6, "GB/s": nbytes / op.median / 1e9,
-         "copy_GB/s": nbytes / copy.median / 1e9, "%copy": 100 * copy.median / op.median}
+    r = {
+        "op": name,
+        "tokens": T,
+        "hidden": H,
+        "bytes": nbytes,
+        "median_us": op.median * 1e6,
+        "p10_us": op.p10 * 1e6,
+        "p90_us": op.p90 * 1e6,
+        "GB/s": nbytes / op.median / 1e9,
+        "copy_GB/s": nbytes / copy.median / 1e9,
+        "%copy": 100 * copy.median / op.median,
+    }
     if device.type == "cuda":
         r["graph"] = op.graph
     if "gemm" in t:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``mhc-sp-bench project``: an analytical cost model of one sublayer boundary, to size
 ``sp_threshold``.
 
@@ -51,15 +52,29 @@ def path_terms(path: str, T: int, H: int, n: int, tp: int) -> dict:
     S = 2 * T * H  # bf16 partial / gathered layer_input
     if path == "replicated":
         steps, bus = 2 * (tp - 1), 2 * (tp - 1) / tp * S
-        return {"steps": steps, "bus_bytes": bus, "mem_bytes": stream_pass_bytes(T, H, n), "launches": 2}
+        return {
+            "steps": steps,
+            "bus_bytes": bus,
+            "mem_bytes": stream_pass_bytes(T, H, n),
+            "launches": 2,
+        }
     rows = -(-T // tp)
     steps, bus = 2 * (tp - 1), 2 * (tp - 1) / tp * S  # RS + AG
     if path == "sp_fused":
-        return {"steps": steps, "bus_bytes": bus, "mem_bytes": stream_pass_bytes(rows, H, n), "launches": 3}
+        return {
+            "steps": steps,
+            "bus_bytes": bus,
+            "mem_bytes": stream_pass_bytes(rows, H, n),
+            "launches": 3,
+        }
     if path == "sp_separate":
         extra = 2 * 2 * rows * n * H  # the stream is written by post and read again by pre
-        return {"steps": steps, "bus_bytes": bus, "mem_bytes": stream_pass_bytes(rows, H, n) + extra,
-                "launches": 4}
+        return {
+            "steps": steps,
+            "bus_bytes": bus,
+            "mem_bytes": stream_pass_bytes(rows, H, n) + extra,
+            "launches": 4,
+        }
     raise KeyError(path)
 
 
@@ -71,15 +86,24 @@ def boundary_time(path: str, T: int, H: int, n: int, tp: int, m: Machine) -> flo
     t = path_terms(path, T, H, n, tp)
     if tp == 1:
         t = {**t, "steps": 0, "bus_bytes": 0.0}
-    return (t["steps"] * m.link_latency_us * 1e-6 + t["bus_bytes"] / (m.link_gbps * 1e9)
-            + t["mem_bytes"] / (m.hbm_gbps * 1e9) + t["launches"] * m.launch_us * 1e-6)
+    return (
+        t["steps"] * m.link_latency_us * 1e-6
+        + t["bus_bytes"] / (m.link_gbps * 1e9)
+        + t["mem_bytes"] / (m.hbm_gbps * 1e9)
+        + t["launches"] * m.launch_us * 1e-6
+    )
 
 
 def crossover(H: int, n: int, tp: int, m: Machine, max_tokens: int = 1 << 22) -> int | None:
     """Smallest token count (a multiple of tp) at which fused SP is faster than replicated TP."""
     if tp == 1:
         return None
-    slower = lambda T: boundary_time("sp_fused", T, H, n, tp, m) >= boundary_time("replicated", T, H, n, tp, m)  # noqa: E731
+
+    def slower(T):
+        return boundary_time("sp_fused", T, H, n, tp, m) >= boundary_time(
+            "replicated", T, H, n, tp, m
+        )
+
     hi = tp
     while slower(hi):
         hi *= 2
@@ -109,8 +133,11 @@ def calibrate(rows: list[dict], n: int = 4) -> Machine:
     *_us times for fused_sharded / fused_replicated / separate_sharded)."""
     import numpy as np
 
-    names = {"fused_sharded_us": "sp_fused", "fused_replicated_us": "replicated",
-             "separate_sharded_us": "sp_separate"}
+    names = {
+        "fused_sharded_us": "sp_fused",
+        "fused_replicated_us": "replicated",
+        "separate_sharded_us": "sp_separate",
+    }
     A, b = [], []
     for r in rows:
         for col, path in names.items():
@@ -125,23 +152,35 @@ def calibrate(rows: list[dict], n: int = 4) -> Machine:
     scale[scale == 0] = 1
     coef, *_ = np.linalg.lstsq(A / scale, b, rcond=None)
     coef = np.maximum(coef / scale, 1e-15)  # physical constants are positive
-    return Machine(link_gbps=1 / coef[1] / 1e9, link_latency_us=coef[0] * 1e6,
-                   hbm_gbps=1 / coef[2] / 1e9, launch_us=coef[3] * 1e6)
+    return Machine(
+        link_gbps=1 / coef[1] / 1e9,
+        link_latency_us=coef[0] * 1e6,
+        hbm_gbps=1 / coef[2] / 1e9,
+        launch_us=coef[3] * 1e6,
+    )
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("project", help="analytical boundary cost model and sp_threshold crossover",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "project",
+        help="analytical boundary cost model and sp_threshold crossover",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     d = Machine()
     p.add_argument("--tp", type=int_list, default=[2, 4, 8])
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--hc-mult", type=int, default=4)
-    p.add_argument("--tokens", type=int_list, default=[1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument(
+        "--tokens", type=int_list, default=[1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384]
+    )
     p.add_argument("--link-gbps", type=float, default=d.link_gbps, help="per-direction link GB/s")
     p.add_argument("--link-latency-us", type=float, default=d.link_latency_us, help="per ring step")
     p.add_argument("--hbm-gbps", type=float, default=d.hbm_gbps)
     p.add_argument("--launch-us", type=float, default=d.launch_us)
-    p.add_argument("--calibrate", metavar="LAYER_JSON", help="fit the constants to `layer --json` output")
+    p.add_argument(
+        "--calibrate", metavar="LAYER_JSON", help="fit the constants to `layer --json` output"
+    )
     EngineArgs.add_cli_args(p, only=("max_cudagraph_capture_size",))
     p.add_argument("--json")
     p.add_argument("--csv")
@@ -162,10 +201,24 @@ def run(args) -> int:
         x = crossover(args.hidden, args.hc_mult, tp, m)
         for T in args.tokens:
             t = {p: boundary_time(p, T, args.hidden, args.hc_mult, tp, m) for p in PATHS}
-            rows.append({"tp": tp, "tokens": T, "hidden": args.hidden,
-                         **{f"{p}_us": t[p] * 1e6 for p in PATHS},
-                         "fused_speedup": t["replicated"] / t["sp_fused"], "crossover_tokens": x})
-    columns = ["tp", "tokens", "hidden", *(f"{p}_us" for p in PATHS), "fused_speedup", "crossover_tokens"]
+            rows.append(
+                {
+                    "tp": tp,
+                    "tokens": T,
+                    "hidden": args.hidden,
+                    **{f"{p}_us": t[p] * 1e6 for p in PATHS},
+                    "fused_speedup": t["replicated"] / t["sp_fused"],
+                    "crossover_tokens": x,
+                }
+            )
+    columns = [
+        "tp",
+        "tokens",
+        "hidden",
+        *(f"{p}_us" for p in PATHS),
+        "fused_speedup",
+        "crossover_tokens",
+    ]
 
     def plot(ax, rows):
         for tp in args.tp:
@@ -178,21 +231,34 @@ def run(args) -> int:
         ax.set_ylabel("predicted µs per boundary")
         ax.legend(fontsize=7)
 
-    report.emit("project", rows, columns, args, torch.device("cpu"),
-                extra={"machine": asdict(m), "calibrated_from": args.calibrate}, plot=plot)
-    where = "calibrated machine" if args.calibrate else (
-        f"{m.link_gbps:g} GB/s links, {m.hbm_gbps:g} GB/s memory")
+    report.emit(
+        "project",
+        rows,
+        columns,
+        args,
+        torch.device("cpu"),
+        extra={"machine": asdict(m), "calibrated_from": args.calibrate},
+        plot=plot,
+    )
+    where = (
+        "calibrated machine"
+        if args.calibrate
+        else (f"{m.link_gbps:g} GB/s links, {m.hbm_gbps:g} GB/s memory")
+    )
     for tp in args.tp:
         x = next(r["crossover_tokens"] for r in rows if r["tp"] == tp)
         n = recommend_threshold(args.hidden, args.hc_mult, tp, m, args.max_cudagraph_capture_size)
         prefix = "recommended" if len(args.tp) == 1 else f"recommended for -tp {tp}"
         if n is None:
-            print(f"tp={tp} ({where}): the model never has fused SP beat replicated TP below "
-                  f"{1 << 22} tokens")
+            print(
+                f"tp={tp} ({where}): the model never has fused SP beat replicated TP below "
+                f"{1 << 22} tokens"
+            )
             print(f"{prefix}: leave --sp-threshold unset (SP off)")
             continue
-        print(f"tp={tp} ({where}): the model has fused SP beat replicated TP from {x} tokens"
-              + (f"; CUDA graphs run up to {args.max_cudagraph_capture_size}"
-                 if n != x else ""))
+        print(
+            f"tp={tp} ({where}): the model has fused SP beat replicated TP from {x} tokens"
+            + (f"; CUDA graphs run up to {args.max_cudagraph_capture_size}" if n != x else "")
+        )
         print(f"{prefix}: --sp-threshold {n}")
     return 0

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Output of every benchmark subcommand: a table on stdout, optional JSON / CSV / PNG plot, each
 carrying the full command line so that a result can be reproduced."""
 
@@ -21,12 +22,21 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 
 def environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(),
-           "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
-           "device": str(device)}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     # Allocator and threading settings change CPU timings (README: "Large outputs and glibc").
-    env.update({k: os.environ[k] for k in ("GLIBC_TUNABLES", "LD_PRELOAD", "OMP_NUM_THREADS")
-                if k in os.environ})
+    env.update(
+        {
+            k: os.environ[k]
+            for k in ("GLIBC_TUNABLES", "LD_PRELOAD", "OMP_NUM_THREADS")
+            if k in os.environ
+        }
+    )
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     import mhc_sp
@@ -37,8 +47,10 @@ def environment(device: torch.device) -> dict:
 
 def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
-              for i, c in enumerate(columns)]
+    widths = [
+        max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
+        for i, c in enumerate(columns)
+    ]
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
@@ -50,11 +62,21 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def document(kind: str, rows: list[dict], device: torch.device, extra: dict | None = None,
-             argv: Sequence[str] | None = None) -> dict:
+def document(
+    kind: str,
+    rows: list[dict],
+    device: torch.device,
+    extra: dict | None = None,
+    argv: Sequence[str] | None = None,
+) -> dict:
     """The JSON document of a run: kind, command line, environment, extra fields, rows."""
-    return {"kind": kind, "command": command_line(argv), "environment": environment(device),
-            **(extra or {}), "rows": rows}
+    return {
+        "kind": kind,
+        "command": command_line(argv),
+        "environment": environment(device),
+        **(extra or {}),
+        "rows": rows,
+    }
 
 
 def write_json(doc: dict, path: str) -> None:
@@ -62,8 +84,15 @@ def write_json(doc: dict, path: str) -> None:
         json.dump(doc, f, indent=2, default=str)
 
 
-def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torch.device,
-         extra: dict | None = None, plot=None) -> dict:
+def emit(
+    kind: str,
+    rows: list[dict],
+    columns: Sequence[str],
+    args,
+    device: torch.device,
+    extra: dict | None = None,
+    plot=None,
+) -> dict:
     """Print the table and write the files the user asked for. ``plot(ax, rows)`` draws the
     subcommand's figure when ``--plot`` is given. Returns the JSON document."""
     doc = document(kind, rows, device, extra, getattr(args, "argv", None))
@@ -84,7 +113,9 @@ def emit(kind: str, rows: list[dict], columns: Sequence[str], args, device: torc
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            print("--plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr)
+            print(
+                "--plot needs matplotlib (pip install matplotlib); no plot written", file=sys.stderr
+            )
         else:
             fig, ax = plt.subplots(figsize=(8, 5))
             plot(ax, rows)
@@ -106,7 +137,9 @@ def progress(items, label: str):
     tty = sys.stderr.isatty()
     for k, item in enumerate(items, 1):
         if tty:
-            print(f"\r{label} {k}/{len(items)} {item}".ljust(70), end="", file=sys.stderr, flush=True)
+            print(
+                f"\r{label} {k}/{len(items)} {item}".ljust(70), end="", file=sys.stderr, flush=True
+            )
         yield item
     if tty and items:
         print(file=sys.stderr)

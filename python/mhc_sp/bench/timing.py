@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing for the benchmark CLI: one way to time a callable on CPU or CUDA, and the machine's copy
 bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
 
@@ -32,8 +33,13 @@ def _summarise(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), pick(0.1), pick(0.9), len(samples))
 
 
-def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 20,
-              cuda_graph: bool = False) -> Timing:
+def time_call(
+    fn: Callable[[], object],
+    device: torch.device,
+    warmup: int = 3,
+    repeats: int = 20,
+    cuda_graph: bool = False,
+) -> Timing:
     """Median/spread of one call of ``fn()``. CPU: ``perf_counter`` around each call. CUDA: see
     :func:`_time_cuda`."""
     if device.type == "cuda":
@@ -81,8 +87,10 @@ def _time_cuda(fn, device, warmup, repeats, cuda_graph) -> Timing:
     end.synchronize()
     once = max(start.elapsed_time(end) / 1e3, 1e-7)
     inner = max(1, min(1000, math.ceil(CUDA_SAMPLE_S / once)))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(repeats)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(repeats)
+    ]
     for start, end in events:
         start.record()
         for _ in range(inner):
@@ -102,7 +110,9 @@ def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
     return lambda: torch.empty_like(src).copy_(src)
 
 
-def time_across_ranks(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+def time_across_ranks(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int
+) -> float:
     """Median seconds of ``fn()`` on this rank, every call started together (a barrier first) and
     finished on the device before the clock stops. Called by every rank of the world."""
     import torch.distributed as dist
@@ -123,11 +133,16 @@ def time_across_ranks(fn: Callable[[], object], device: torch.device, warmup: in
 
 def rank_device(device_type: str) -> torch.device:
     """This rank's device: its current CUDA device, or the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
 
 
-def time_calls(fns: dict, device: torch.device, warmup: int = 3, repeats: int = 20,
-               cuda_graph: bool = False) -> dict:
+def time_calls(
+    fns: dict, device: torch.device, warmup: int = 3, repeats: int = 20, cuda_graph: bool = False
+) -> dict:
     """``time_call`` for several callables that are compared with each other. On CPU the timed
     calls come in rounds (a a a, b b b, c c c, a a a, ...), each burst after one untimed call, so
     that neither drift of a shared machine nor the cache state another callable left behind

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Configuration, one module per concern:
 
 * ``mhc``: :class:`MhcConfig`, the mHC constants every op takes;
@@ -18,5 +19,14 @@ from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP, check_moe_backend
 from .parallel import ParallelConfig
 
-__all__ = ["CompilationConfig", "EngineArgs", "EngineConfig", "MOE_BACKEND_SUPPORTS_SP",
-           "MhcConfig", "ModelConfig", "ParallelConfig", "PassConfig", "check_moe_backend"]
+__all__ = [
+    "CompilationConfig",
+    "EngineArgs",
+    "EngineConfig",
+    "MOE_BACKEND_SUPPORTS_SP",
+    "MhcConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "PassConfig",
+    "check_moe_backend",
+]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Value checks shared by the config classes; each error message starts with the field's name."""
 
 from __future__ import annotations

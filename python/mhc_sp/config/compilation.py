@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compile-pass settings of sequence parallelism (``PassConfig``) and CUDA graph sizes
 (``CompilationConfig``)."""
 
@@ -40,8 +41,9 @@ class CompilationConfig:
 
     def __post_init__(self):
         if not isinstance(self.pass_config, PassConfig):
-            raise TypeError(f"pass_config: expected a PassConfig, got "
-                            f"{type(self.pass_config).__name__}")
+            raise TypeError(
+                f"pass_config: expected a PassConfig, got {type(self.pass_config).__name__}"
+            )
         check_non_negative_int(self.max_cudagraph_capture_size, "max_cudagraph_capture_size")
 
     def cudagraph_capture_sizes(self) -> list[int]:
@@ -51,4 +53,3 @@ class CompilationConfig:
             return []
         sizes = sorted({s for s in (1, 2, 4) if s <= top} | set(range(8, top + 1, 8)) | {top})
         return sizes
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``EngineConfig``: the model, parallel and compilation settings of one engine, validated
 together with the rules of sequence parallelism."""
 
@@ -38,8 +39,11 @@ class EngineConfig:
     num_speculative_tokens: int = 0
 
     def __post_init__(self):
-        for name, cls in (("model", ModelConfig), ("parallel", ParallelConfig),
-                          ("compilation", CompilationConfig)):
+        for name, cls in (
+            ("model", ModelConfig),
+            ("parallel", ParallelConfig),
+            ("compilation", CompilationConfig),
+        ):
             value = getattr(self, name)
             if not isinstance(value, cls):
                 raise TypeError(f"{name}: expected a {cls.__name__}, got {type(value).__name__}")
@@ -48,43 +52,57 @@ class EngineConfig:
         m, p = self.model, self.parallel
         tp, pp = p.tensor_parallel_size, p.pipeline_parallel_size
 
-        for name, value in (("num_heads", m.num_heads),
-                            ("moe_intermediate_size", m.moe_intermediate_size),
-                            ("shared_intermediate_size", m.shared_intermediate_size),
-                            ("vocab_size", m.vocab_size)):
+        for name, value in (
+            ("num_heads", m.num_heads),
+            ("moe_intermediate_size", m.moe_intermediate_size),
+            ("shared_intermediate_size", m.shared_intermediate_size),
+            ("vocab_size", m.vocab_size),
+        ):
             if value % tp:
-                raise ValueError(f"model.{name}={value} must be divisible by "
-                                 f"tensor_parallel_size={tp}")
+                raise ValueError(
+                    f"model.{name}={value} must be divisible by tensor_parallel_size={tp}"
+                )
         if m.num_layers < pp:
-            raise ValueError(f"model.num_layers={m.num_layers} must be >= "
-                             f"pipeline_parallel_size={pp} (every stage needs a layer)")
+            raise ValueError(
+                f"model.num_layers={m.num_layers} must be >= "
+                f"pipeline_parallel_size={pp} (every stage needs a layer)"
+            )
 
         max_graph = self.compilation.max_cudagraph_capture_size
         if p.enable_sp and p.sp_threshold <= max_graph:
-            raise ValueError(f"sp_threshold={p.sp_threshold} must be greater than "
-                             f"max_cudagraph_capture_size={max_graph} with "
-                             f"tensor_parallel_size={tp}: SP must never engage on a captured size")
+            raise ValueError(
+                f"sp_threshold={p.sp_threshold} must be greater than "
+                f"max_cudagraph_capture_size={max_graph} with "
+                f"tensor_parallel_size={tp}: SP must never engage on a captured size"
+            )
 
         pc = self.compilation.pass_config
         if not self.enforce_eager and p.enable_sp:
             minimum = pc.sp_min_token_num if pc.sp_min_token_num is not None else p.sp_threshold
             pc = PassConfig(enable_sp=True, sp_min_token_num=minimum)
-            object.__setattr__(self, "compilation",
-                               dataclasses.replace(self.compilation, pass_config=pc))
+            object.__setattr__(
+                self, "compilation", dataclasses.replace(self.compilation, pass_config=pc)
+            )
         if not self.enforce_eager and pc.enable_sp and tp > 1:
             if pc.sp_min_token_num is None:
-                raise ValueError("pass_config.enable_sp=True needs pass_config.sp_min_token_num "
-                                 "(or set parallel.sp_threshold)")
+                raise ValueError(
+                    "pass_config.enable_sp=True needs pass_config.sp_min_token_num "
+                    "(or set parallel.sp_threshold)"
+                )
             if pc.sp_min_token_num <= max_graph:
-                raise ValueError(f"pass_config.sp_min_token_num={pc.sp_min_token_num} must be "
-                                 f"greater than max_cudagraph_capture_size={max_graph}: SP must "
-                                 f"never engage on a captured size")
+                raise ValueError(
+                    f"pass_config.sp_min_token_num={pc.sp_min_token_num} must be "
+                    f"greater than max_cudagraph_capture_size={max_graph}: SP must "
+                    f"never engage on a captured size"
+                )
 
         check_moe_backend(self.moe_backend, p.enable_sp)
         check_non_negative_int(self.num_speculative_tokens, "num_speculative_tokens")
         if self.num_speculative_tokens and not m.num_mtp_layers:
-            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} needs an MTP "
-                             f"layer (model.num_mtp_layers=0)")
+            raise ValueError(
+                f"num_speculative_tokens={self.num_speculative_tokens} needs an MTP "
+                f"layer (model.num_mtp_layers=0)"
+            )
 
     @property
     def sp_threshold(self) -> Optional[int]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mHC hyper-parameters (``MhcConfig``): the constants every op takes."""
 
 from __future__ import annotations
@@ -38,8 +39,14 @@ class MhcConfig:
 
     def scalars(self) -> tuple:
         """The op schemas' scalar tail S, in order."""
-        return (self.rms_eps, self.hc_pre_eps, self.hc_sinkhorn_eps, self.hc_post_mult,
-                self.sinkhorn_iters, self.norm_eps)
+        return (
+            self.rms_eps,
+            self.hc_pre_eps,
+            self.hc_sinkhorn_eps,
+            self.hc_post_mult,
+            self.sinkhorn_iters,
+            self.norm_eps,
+        )
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any]) -> "MhcConfig":

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dimensions of the lightweight DeepSeek-V4-style model (``ModelConfig``) and its presets."""
 
 from __future__ import annotations
@@ -36,19 +37,29 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_routed_experts",
-                     "num_experts_per_tok", "moe_intermediate_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_routed_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+        ):
             check_positive_int(getattr(self, name), name)
         check_non_negative_int(self.num_shared_experts, "num_shared_experts")
         check_non_negative_int(self.seed, "seed")
         if self.num_mtp_layers not in (0, 1):
             raise ValueError(f"num_mtp_layers must be 0 or 1, got {self.num_mtp_layers!r}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be divisible by num_heads={self.num_heads}"
+            )
         if self.num_experts_per_tok > self.num_routed_experts:
-            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be <= "
-                             f"num_routed_experts={self.num_routed_experts}")
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be <= "
+                f"num_routed_experts={self.num_routed_experts}"
+            )
         if not self.capacity_factor > 0:
             raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor!r}")
         if not isinstance(self.mhc, MhcConfig):
@@ -76,9 +87,18 @@ class ModelConfig:
         top-6, one shared expert, one MTP layer. The expert intermediate size (2048) and vocab
         (129280) are the DeepSeek-V3-family values (an assumption of this stand-in). Hundreds of
         GB of weights: build the model with ``device="meta"`` unless you mean it."""
-        base = cls(vocab_size=129280, hidden_size=4096, num_layers=43, num_heads=64,
-                   num_routed_experts=256, num_experts_per_tok=6, moe_intermediate_size=2048,
-                   num_shared_experts=1, routed_scaling_factor=1.5, num_mtp_layers=1)
+        base = cls(
+            vocab_size=129280,
+            hidden_size=4096,
+            num_layers=43,
+            num_heads=64,
+            num_routed_experts=256,
+            num_experts_per_tok=6,
+            moe_intermediate_size=2048,
+            num_shared_experts=1,
+            routed_scaling_factor=1.5,
+            num_mtp_layers=1,
+        )
         return dataclasses.replace(base, **changes)
 
     @classmethod
@@ -98,17 +118,23 @@ class ModelConfig:
         ``MhcConfig.from_hf_config``. Missing keys keep the ``tiny`` defaults; keyword arguments
         override the result."""
         if not isinstance(cfg, Mapping):
-            raise TypeError(f"cfg: expected a mapping (a parsed config.json), got "
-                            f"{type(cfg).__name__}")
-        keys = {"vocab_size": "vocab_size", "hidden_size": "hidden_size",
-                "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
-                "n_routed_experts": "num_routed_experts",
-                "num_experts_per_tok": "num_experts_per_tok",
-                "moe_intermediate_size": "moe_intermediate_size",
-                "n_shared_experts": "num_shared_experts",
-                "num_nextn_predict_layers": "num_mtp_layers"}
-        kw: dict[str, Any] = {ours: int(cfg[hf]) for hf, ours in keys.items()
-                              if cfg.get(hf) is not None}
+            raise TypeError(
+                f"cfg: expected a mapping (a parsed config.json), got {type(cfg).__name__}"
+            )
+        keys = {
+            "vocab_size": "vocab_size",
+            "hidden_size": "hidden_size",
+            "num_hidden_layers": "num_layers",
+            "num_attention_heads": "num_heads",
+            "n_routed_experts": "num_routed_experts",
+            "num_experts_per_tok": "num_experts_per_tok",
+            "moe_intermediate_size": "moe_intermediate_size",
+            "n_shared_experts": "num_shared_experts",
+            "num_nextn_predict_layers": "num_mtp_layers",
+        }
+        kw: dict[str, Any] = {
+            ours: int(cfg[hf]) for hf, ours in keys.items() if cfg.get(hf) is not None
+        }
         if cfg.get("routed_scaling_factor") is not None:
             kw["routed_scaling_factor"] = float(cfg["routed_scaling_factor"])
         if kw.get("num_mtp_layers", 0) > 1:
@@ -116,4 +142,3 @@ class ModelConfig:
         kw["mhc"] = MhcConfig.from_hf_config(cfg)
         kw.update(changes)
         return cls(**kw)
-

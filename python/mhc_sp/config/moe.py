@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The MoE backends of ``mhc_sp.model.moe`` and the rule that ties them to sequence parallelism.
 
 An engine that runs sequence parallel keeps the FFN's activations token-sharded, so its MoE runs
@@ -23,11 +24,14 @@ def check_moe_backend(backend: str, enable_sp: bool) -> None:
     """Raise ValueError for an unknown backend, NotImplementedError when ``enable_sp`` (SP is
     configured: tp > 1 and ``sp_threshold`` set) and ``backend`` is not valid on a token shard."""
     if backend not in MOE_BACKEND_SUPPORTS_SP:
-        raise ValueError(f"moe_backend: unknown backend {backend!r}; expected one of "
-                         f"{sorted(MOE_BACKEND_SUPPORTS_SP)}")
+        raise ValueError(
+            f"moe_backend: unknown backend {backend!r}; expected one of "
+            f"{sorted(MOE_BACKEND_SUPPORTS_SP)}"
+        )
     if enable_sp and not MOE_BACKEND_SUPPORTS_SP[backend]:
         raise NotImplementedError(
             f"moe_backend={backend!r} does not support sequence parallelism: which tokens it "
             f"drops depends on the whole batch, so it is not valid on a token shard (SP is enabled "
             f"by sp_threshold with tensor_parallel_size > 1; use moe_backend='naive' or unset "
-            f"sp_threshold)")
+            f"sp_threshold)"
+        )

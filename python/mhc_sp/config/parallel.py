@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tensor, pipeline and sequence parallel sizes (``ParallelConfig``)."""
 
 from __future__ import annotations
@@ -42,4 +43,3 @@ class ParallelConfig:
     def world_size(self) -> int:
         """Ranks needed: tensor_parallel_size * pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Causal multi-head self-attention stand-in: TP column-parallel q/k/v (heads split over the
 group), row-parallel output projection returning the un-reduced partial. The SP flow only sees
 its gathered ``(T, H)`` input and its ``(T, H)`` partial output; there is no positional encoding
@@ -18,7 +19,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, hidden: int, num_heads: int, tp: TPContext, device):
         super().__init__()
         if num_heads % tp.size:
-            raise ValueError(f"num_heads={num_heads} must be divisible by tensor_parallel_size={tp.size}")
+            raise ValueError(
+                f"num_heads={num_heads} must be divisible by tensor_parallel_size={tp.size}"
+            )
         self.head_dim = hidden // num_heads
         self.local_heads = num_heads // tp.size
         self.wq = ColumnParallelLinear(hidden, hidden, tp, device)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``DeepseekV4DecoderLayer``: attention and MoE sublayers joined by the fused mHC boundaries."""
 
 from __future__ import annotations
@@ -6,11 +7,11 @@ from torch import Tensor, nn
 
 from .. import ops
 from ..config import ModelConfig
+from ..profiling import NULL_TIMER
 from .attention import CausalSelfAttention
 from .linear import RMSNorm
 from .mhc import HyperConnection, MhcStream
 from .moe import MoE, RoutingTrace
-from ..profiling import NULL_TIMER
 from .parallel import TPContext
 
 
@@ -25,8 +26,14 @@ class DeepseekV4DecoderLayer(nn.Module):
     (or ``fused_head``) reduces that partial.
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, device, moe_backend: str = "naive",
-                 sequence_parallel: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TPContext,
+        device,
+        moe_backend: str = "naive",
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
@@ -38,8 +45,9 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.ffn_norm = RMSNorm(H, eps, tp, device)
         self.moe = MoE(cfg, tp, device, moe_backend, sequence_parallel)
 
-    def attention_boundary(self, x: Tensor, stream: MhcStream | None, *, num_tokens: int,
-                           sharded: bool, reduced: bool) -> tuple[MhcStream, Tensor]:
+    def attention_boundary(
+        self, x: Tensor, stream: MhcStream | None, *, num_tokens: int, sharded: bool, reduced: bool
+    ) -> tuple[MhcStream, Tensor]:
         """The boundary into this layer's attention, in one of three forms:
 
         * ``stream is None``: ``x`` is the replicated embedding output ``(T, H)`` → ``fused_entry``.
@@ -54,34 +62,64 @@ class DeepseekV4DecoderLayer(nn.Module):
         fn, scale, base = self.attn_hc.args()
         group, mhc = self.tp.group, self.cfg.mhc
         if stream is None:
-            res, post, comb, li = ops.fused_entry(x, fn, scale, base, self.attn_norm.weight, group,
-                                                  sharded, mhc)
+            res, post, comb, li = ops.fused_entry(
+                x, fn, scale, base, self.attn_norm.weight, group, sharded, mhc
+            )
         elif not reduced:
-            res, post, comb, li = ops.fused_layer(x, *stream.tensors(), fn, scale, base,
-                                                  self.attn_norm.weight, group, sharded, num_tokens, mhc)
+            res, post, comb, li = ops.fused_layer(
+                x,
+                *stream.tensors(),
+                fn,
+                scale,
+                base,
+                self.attn_norm.weight,
+                group,
+                sharded,
+                num_tokens,
+                mhc,
+            )
         else:
-            res, post, comb, li = ops.mhc_post_pre(x, *stream.tensors(), fn, scale, base,
-                                                   self.attn_norm.weight, mhc)
+            res, post, comb, li = ops.mhc_post_pre(
+                x, *stream.tensors(), fn, scale, base, self.attn_norm.weight, mhc
+            )
             li = ops.all_gather(li, group, num_tokens) if sharded else li[:num_tokens]
         return MhcStream(res, post, comb), li
 
-    def forward(self, x: Tensor, stream: MhcStream | None, *, num_tokens: int, sharded: bool,
-                reduced: bool = False, timer=NULL_TIMER,
-                routing: RoutingTrace | None = None) -> tuple[Tensor, MhcStream]:
+    def forward(
+        self,
+        x: Tensor,
+        stream: MhcStream | None,
+        *,
+        num_tokens: int,
+        sharded: bool,
+        reduced: bool = False,
+        timer=NULL_TIMER,
+        routing: RoutingTrace | None = None,
+    ) -> tuple[Tensor, MhcStream]:
         """Run the layer. ``x``/``stream``/``reduced``: see :meth:`attention_boundary`;
         ``num_tokens``: tokens of this forward (the padded count); ``sharded``: the runner's SP
         decision; ``routing``: records/replays the MoE's expert choice.
         Returns ``(moe partial (num_tokens, H), stream)``."""
         with timer.phase("boundary"):
-            stream, h = self.attention_boundary(x, stream, num_tokens=num_tokens, sharded=sharded,
-                                                reduced=reduced)
+            stream, h = self.attention_boundary(
+                x, stream, num_tokens=num_tokens, sharded=sharded, reduced=reduced
+            )
         with timer.phase("attention"):
             partial = self.attn(h)
         with timer.phase("boundary"):
             fn, scale, base = self.ffn_hc.args()
-            res, post, comb, h = ops.fused_layer(partial, *stream.tensors(), fn, scale, base,
-                                                 self.ffn_norm.weight, self.tp.group, sharded,
-                                                 num_tokens, self.cfg.mhc)
+            res, post, comb, h = ops.fused_layer(
+                partial,
+                *stream.tensors(),
+                fn,
+                scale,
+                base,
+                self.ffn_norm.weight,
+                self.tp.group,
+                sharded,
+                num_tokens,
+                self.cfg.mhc,
+            )
         with timer.phase("moe"):
             partial = self.moe(h, sharded, routing=routing)
         return partial, MhcStream(res, post, comb)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tensor-parallel building blocks: RMSNorm, column/row-parallel and replicated linears, the
 vocab-parallel embedding and LM head. Weights are bf16; activations are bf16 ``(T, features)``."""
 
@@ -33,8 +34,9 @@ class _Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, tp: TPContext, device):
         super().__init__()
-        self.weight = make_param((out_features, in_features), self.split_dim, tp, torch.bfloat16,
-                                 "linear", device)
+        self.weight = make_param(
+            (out_features, in_features), self.split_dim, tp, torch.bfloat16, "linear", device
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight)
@@ -59,8 +61,14 @@ class RowParallelLinear(_Linear):
 
     split_dim = 1
 
-    def __init__(self, in_features: int, out_features: int, tp: TPContext, device,
-                 reduce_results: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        tp: TPContext,
+        device,
+        reduce_results: bool = True,
+    ):
         super().__init__(in_features, out_features, tp, device)
         self.tp = tp
         self.reduce_results = reduce_results
@@ -101,9 +109,15 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         # The range check reads values on the host, which graph capture forbids; the runner checks
         # ids before copying them into a graph's static buffer.
-        if not capturing(ids) and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab):
-            raise ValueError(f"input_ids: expected token ids in [0, {self.vocab}), got values in "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+        if (
+            not capturing(ids)
+            and ids.numel()
+            and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab)
+        ):
+            raise ValueError(
+                f"input_ids: expected token ids in [0, {self.vocab}), got values in "
+                f"[{int(ids.min())}, {int(ids.max())}]"
+            )
         return ops.all_reduce(self.lookup_local(ids), self.tp.group)
 
 

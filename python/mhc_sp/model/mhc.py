@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """mHC parameters and the token-sharded residual stream the fused ops carry between sublayers."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class HyperConnection(nn.Module):
 
 
 class HyperHead(nn.Module):
-    """The final collapse's parameters (``hc_head``): ``fn (n, n*H)``, ``scale (1,)``, ``base (n,)``."""
+    """The final collapse's parameters (``hc_head``): ``fn (n, n*H)``, ``scale (1,)``,
+    ``base (n,)``."""
 
     def __init__(self, hidden: int, mhc: MhcConfig, tp: TPContext, device):
         super().__init__()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``DeepseekV4Model`` (one pipeline stage of it) and its MTP draft layer."""
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
-from ..ops import shard_rows
 from ..config import ModelConfig
+from ..ops import shard_rows
+from ..profiling import NULL_TIMER
 from .layer import DeepseekV4DecoderLayer
 from .linear import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .mhc import HyperConnection, HyperHead, MhcStream
 from .moe import RoutingTrace
-from ..profiling import NULL_TIMER
 from .parallel import TPContext
 
 
@@ -44,15 +45,20 @@ class IntermediateTensors:
         return [self.x, *self.stream.tensors()]
 
 
-def intermediate_shapes(cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool
-                        ) -> list[tuple[tuple[int, ...], torch.dtype]]:
+def intermediate_shapes(
+    cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool
+) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """Shapes and dtypes of :class:`IntermediateTensors` for a forward of ``num_tokens`` (padded)
     tokens, in ``tensors()`` order: a receiving stage computes them from the same full padded count
     and SP decision as the sender."""
     rows = shard_rows(num_tokens, tp_size) if sharded else num_tokens
     n, H = cfg.mhc.hc_mult, cfg.hidden_size
-    return [((rows, H), torch.bfloat16), ((rows, n, H), torch.bfloat16),
-            ((rows, n), torch.float32), ((rows, n, n), torch.float32)]
+    return [
+        ((rows, H), torch.bfloat16),
+        ((rows, n, H), torch.bfloat16),
+        ((rows, n), torch.float32),
+        ((rows, n, n), torch.float32),
+    ]
 
 
 @dataclass
@@ -96,8 +102,14 @@ class DeepseekV4MTP(nn.Module):
     The embedding, final norm and LM head are the main model's (shared, not owned here).
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, device, moe_backend: str = "naive",
-                 sequence_parallel: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TPContext,
+        device,
+        moe_backend: str = "naive",
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
         self.cfg, self.tp = cfg, tp
         H, eps = cfg.hidden_size, cfg.mhc.norm_eps
@@ -108,21 +120,35 @@ class DeepseekV4MTP(nn.Module):
         self.block = DeepseekV4DecoderLayer(cfg, tp, device, moe_backend, sequence_parallel)
         self.head = HyperHead(H, cfg.mhc, tp, device)
 
-    def forward(self, stream: Tensor, next_ids: Tensor, *, embed: VocabParallelEmbedding,
-                norm: RMSNorm, lm_head: ParallelLMHead, sharded: bool,
-                return_final_stream: bool = True, timer=NULL_TIMER,
-                routing: Optional[RoutingTrace] = None) -> ModelOutput:
+    def forward(
+        self,
+        stream: Tensor,
+        next_ids: Tensor,
+        *,
+        embed: VocabParallelEmbedding,
+        norm: RMSNorm,
+        lm_head: ParallelLMHead,
+        sharded: bool,
+        return_final_stream: bool = True,
+        timer=NULL_TIMER,
+        routing: Optional[RoutingTrace] = None,
+    ) -> ModelOutput:
         """Draft logits ``(T, vocab)`` fp32 and (``return_final_stream``) this layer's gathered
         pre-head stream ``(T, n*H)``. ``stream (T, n*H)`` bf16 and ``next_ids (T,)`` int64, the
         same on every rank; ``sharded``: this forward's SP decision."""
         n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
-        if not isinstance(stream, Tensor) or tuple(stream.shape) != (T, n * H) \
-                or stream.dtype != torch.bfloat16:
-            raise ValueError(f"stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
-                             f"(one gathered row per next token), got "
-                             f"{getattr(stream, 'dtype', type(stream).__name__)} "
-                             f"{tuple(getattr(stream, 'shape', ()))}")
+        if (
+            not isinstance(stream, Tensor)
+            or tuple(stream.shape) != (T, n * H)
+            or stream.dtype != torch.bfloat16
+        ):
+            raise ValueError(
+                f"stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
+                f"(one gathered row per next token), got "
+                f"{getattr(stream, 'dtype', type(stream).__name__)} "
+                f"{tuple(getattr(stream, 'shape', ()))}"
+            )
         rows = ops.shard_tokens(stream, self.tp.rank, self.tp.size) if sharded else stream
         residual = rows.view(rows.shape[0], n, H)
         fn, scale, base = self.hc.args()
@@ -131,11 +157,19 @@ class DeepseekV4MTP(nn.Module):
         if sharded:
             e = ops.shard_tokens(e, self.tp.rank, self.tp.size)  # padding rows are zeros
         x = self.eh_proj(torch.cat([self.enorm(e), h], dim=-1))
-        partial, out = self.block(x, MhcStream(residual, post, comb), num_tokens=T,
-                                  sharded=sharded, reduced=True, timer=timer, routing=routing)
+        partial, out = self.block(
+            x,
+            MhcStream(residual, post, comb),
+            num_tokens=T,
+            sharded=sharded,
+            reduced=True,
+            timer=timer,
+            routing=routing,
+        )
         with timer.phase("boundary"):
-            hidden, final_rows = ops.fused_head(partial, *out.tensors(), *self.head.args(),
-                                                self.tp.group, sharded, T, self.cfg.mhc)
+            hidden, final_rows = ops.fused_head(
+                partial, *out.tensors(), *self.head.args(), self.tp.group, sharded, T, self.cfg.mhc
+            )
         with timer.phase("lm_head"):
             logits = lm_head(norm(hidden))
         final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
@@ -161,9 +195,18 @@ class DeepseekV4Model(nn.Module):
         seed: seed of the synthetic weights (default ``cfg.seed``); ignored on ``"meta"``.
     """
 
-    def __init__(self, cfg: ModelConfig, *, tp: TPContext = TPContext(), pp_rank: int = 0,
-                 pp_size: int = 1, moe_backend: str = "naive", sequence_parallel: bool = False,
-                 device: torch.device | str = "cpu", seed: Optional[int] = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        tp: TPContext = TPContext(),
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        moe_backend: str = "naive",
+        sequence_parallel: bool = False,
+        device: torch.device | str = "cpu",
+        seed: Optional[int] = None,
+    ):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a ModelConfig, got {type(cfg).__name__}")
@@ -177,25 +220,39 @@ class DeepseekV4Model(nn.Module):
         H, device = cfg.hidden_size, torch.device(device)
         has_mtp = self.is_last and cfg.num_mtp_layers > 0
         # The MTP layer on the last stage re-uses the embedding, so that stage holds it too.
-        self.embed = (VocabParallelEmbedding(cfg.vocab_size, H, tp, device)
-                      if self.is_first or has_mtp else None)
-        self.layers = nn.ModuleDict({str(i): DeepseekV4DecoderLayer(cfg, tp, device, moe_backend,
-                                                                    sequence_parallel)
-                                     for i in self.layer_ids})
+        self.embed = (
+            VocabParallelEmbedding(cfg.vocab_size, H, tp, device)
+            if self.is_first or has_mtp
+            else None
+        )
+        self.layers = nn.ModuleDict(
+            {
+                str(i): DeepseekV4DecoderLayer(cfg, tp, device, moe_backend, sequence_parallel)
+                for i in self.layer_ids
+            }
+        )
         if self.is_last:
             self.head = HyperHead(H, cfg.mhc, tp, device)
             self.norm = RMSNorm(H, cfg.mhc.norm_eps, tp, device)
             self.lm_head = ParallelLMHead(cfg.vocab_size, H, tp, device)
-        self.mtp = DeepseekV4MTP(cfg, tp, device, moe_backend, sequence_parallel) if has_mtp else None
+        self.mtp = (
+            DeepseekV4MTP(cfg, tp, device, moe_backend, sequence_parallel) if has_mtp else None
+        )
         if device.type != "meta":
             from .weights import init_synthetic  # weights imports this module's names
 
             init_synthetic(self, cfg.seed if seed is None else seed)
 
-    def forward(self, input_ids: Tensor, *, sharded: bool,
-                intermediate: Optional[IntermediateTensors] = None,
-                return_final_stream: bool = False, timer=NULL_TIMER,
-                routing: Optional[RoutingTrace] = None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        sharded: bool,
+        intermediate: Optional[IntermediateTensors] = None,
+        return_final_stream: bool = False,
+        timer=NULL_TIMER,
+        routing: Optional[RoutingTrace] = None,
+    ) -> ModelOutput:
         """Run this stage on ``input_ids (T,)`` int64 (T = the padded count: every stage needs it).
 
         ``sharded``: the runner's SP decision (same on every rank and stage). ``intermediate``:
@@ -204,10 +261,16 @@ class DeepseekV4Model(nn.Module):
         ``(T, n*H)`` that the MTP layer drafts from (see :meth:`mtp_forward`). ``routing``:
         records (or replays) every MoE's expert choice, see ``mhc_sp.model.moe.RoutingTrace``.
         """
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 1 or input_ids.dtype != torch.int64:
-            raise ValueError(f"input_ids: expected a 1-D int64 tensor of token ids, got "
-                             f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
-                             f"{tuple(getattr(input_ids, 'shape', ()))}")
+        if (
+            not isinstance(input_ids, Tensor)
+            or input_ids.dim() != 1
+            or input_ids.dtype != torch.int64
+        ):
+            raise ValueError(
+                f"input_ids: expected a 1-D int64 tensor of token ids, got "
+                f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
+                f"{tuple(getattr(input_ids, 'shape', ()))}"
+            )
         T = input_ids.shape[0]
         if T == 0:
             raise ValueError("input_ids: expected at least one token, got 0")
@@ -221,46 +284,87 @@ class DeepseekV4Model(nn.Module):
             self._check_intermediate(intermediate, T, sharded)
             x, stream, reduced = intermediate.x, intermediate.stream, True
         for layer in self.layers.values():
-            x, stream = layer(x, stream, num_tokens=T, sharded=sharded, reduced=reduced, timer=timer,
-                              routing=routing)
+            x, stream = layer(
+                x,
+                stream,
+                num_tokens=T,
+                sharded=sharded,
+                reduced=reduced,
+                timer=timer,
+                routing=routing,
+            )
             reduced = False
         if not self.is_last:
             with timer.phase("boundary"):
-                x = ops.reduce_scatter(x, self.tp.group) if sharded else ops.all_reduce(x, self.tp.group)
+                x = (
+                    ops.reduce_scatter(x, self.tp.group)
+                    if sharded
+                    else ops.all_reduce(x, self.tp.group)
+                )
             return ModelOutput(intermediate=IntermediateTensors(x, stream))
         with timer.phase("boundary"):
-            hidden, final_rows = ops.fused_head(x, *stream.tensors(), *self.head.args(),
-                                                self.tp.group, sharded, T, self.cfg.mhc)
+            hidden, final_rows = ops.fused_head(
+                x, *stream.tensors(), *self.head.args(), self.tp.group, sharded, T, self.cfg.mhc
+            )
         with timer.phase("lm_head"):
             logits = self.lm_head(self.norm(hidden))
         final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
         return ModelOutput(logits=logits, final_stream=final)
 
-    def mtp_forward(self, stream: Tensor, next_ids: Tensor, *, sharded: bool,
-                    return_final_stream: bool = True, timer=NULL_TIMER,
-                    routing: Optional[RoutingTrace] = None) -> ModelOutput:
+    def mtp_forward(
+        self,
+        stream: Tensor,
+        next_ids: Tensor,
+        *,
+        sharded: bool,
+        return_final_stream: bool = True,
+        timer=NULL_TIMER,
+        routing: Optional[RoutingTrace] = None,
+    ) -> ModelOutput:
         """One MTP draft step on the last stage: ``stream (T, n*H)`` gathered (the main forward's
         ``final_stream`` or the previous step's), ``next_ids (T,)``; ``sharded``: this step's own
         SP decision. Returns the draft logits and the MTP's gathered final stream."""
         if self.mtp is None:
-            raise ValueError(f"mtp_forward: pipeline stage {self.pp_rank} of {self.pp_size} has no "
-                             f"MTP layer (num_mtp_layers={self.cfg.num_mtp_layers}; only the last "
-                             f"stage holds it)")
-        if not isinstance(next_ids, Tensor) or next_ids.dim() != 1 \
-                or next_ids.dtype != torch.int64 or next_ids.numel() == 0:
-            raise ValueError(f"next_ids: expected a non-empty 1-D int64 tensor of token ids, got "
-                             f"{getattr(next_ids, 'dtype', type(next_ids).__name__)} "
-                             f"{tuple(getattr(next_ids, 'shape', ()))}")
-        return self.mtp(stream, next_ids, embed=self.embed, norm=self.norm, lm_head=self.lm_head,
-                        sharded=sharded, return_final_stream=return_final_stream, timer=timer,
-                        routing=routing)
+            raise ValueError(
+                f"mtp_forward: pipeline stage {self.pp_rank} of {self.pp_size} has no "
+                f"MTP layer (num_mtp_layers={self.cfg.num_mtp_layers}; only the last "
+                f"stage holds it)"
+            )
+        if (
+            not isinstance(next_ids, Tensor)
+            or next_ids.dim() != 1
+            or next_ids.dtype != torch.int64
+            or next_ids.numel() == 0
+        ):
+            raise ValueError(
+                f"next_ids: expected a non-empty 1-D int64 tensor of token ids, got "
+                f"{getattr(next_ids, 'dtype', type(next_ids).__name__)} "
+                f"{tuple(getattr(next_ids, 'shape', ()))}"
+            )
+        return self.mtp(
+            stream,
+            next_ids,
+            embed=self.embed,
+            norm=self.norm,
+            lm_head=self.lm_head,
+            sharded=sharded,
+            return_final_stream=return_final_stream,
+            timer=timer,
+            routing=routing,
+        )
 
     def _check_intermediate(self, it: Optional[IntermediateTensors], T: int, sharded: bool) -> None:
         if not isinstance(it, IntermediateTensors):
-            raise ValueError(f"intermediate: pipeline stage {self.pp_rank} needs the previous stage's "
-                             f"IntermediateTensors, got {type(it).__name__}")
+            raise ValueError(
+                f"intermediate: pipeline stage {self.pp_rank} needs the previous stage's "
+                f"IntermediateTensors, got {type(it).__name__}"
+            )
         expected = intermediate_shapes(self.cfg, T, self.tp.size, sharded)
-        for name, t, (shape, dtype) in zip(("x", "residual", "post", "comb"), it.tensors(), expected):
+        for name, t, (shape, dtype) in zip(
+            ("x", "residual", "post", "comb"), it.tensors(), expected
+        ):
             if tuple(t.shape) != shape or t.dtype != dtype:
-                raise ValueError(f"intermediate.{name}: expected {dtype} {shape} for {T} tokens "
-                                 f"(sharded={sharded}, tp={self.tp.size}), got {t.dtype} {tuple(t.shape)}")
+                raise ValueError(
+                    f"intermediate.{name}: expected {dtype} {shape} for {T} tokens "
+                    f"(sharded={sharded}, tp={self.tp.size}), got {t.dtype} {tuple(t.shape)}"
+                )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mixture-of-experts FFN: softmax router with top-k over the routed experts plus a shared expert.
 Every expert's intermediate dimension is split over the TP group (gate/up column-parallel,
 down row-parallel), so the layer takes the whole gathered batch ``(T, H)`` (the boundary before it
@@ -55,11 +56,15 @@ class RoutingTrace:
         else:
             call = len(self.recorded)
             if call >= len(self.replay):
-                raise ValueError(f"replay: has {len(self.replay)} MoE calls, the forward makes more")
+                raise ValueError(
+                    f"replay: has {len(self.replay)} MoE calls, the forward makes more"
+                )
             ids = self.replay[call][: scores.shape[0]].to(scores.device)
             if tuple(ids.shape) != (scores.shape[0], top_k):
-                raise ValueError(f"replay[{call}]: expected at least {scores.shape[0]} rows of {top_k} "
-                                 f"experts, got shape {tuple(self.replay[call].shape)}")
+                raise ValueError(
+                    f"replay[{call}]: expected at least {scores.shape[0]} rows of {top_k} "
+                    f"experts, got shape {tuple(self.replay[call].shape)}"
+                )
         self.recorded.append(ids)
         return ids
 
@@ -71,8 +76,14 @@ class MoE(nn.Module):
     construction; a ``sharded`` forward is checked again).
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, device, backend: str = "naive",
-                 sequence_parallel: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TPContext,
+        device,
+        backend: str = "naive",
+        sequence_parallel: bool = False,
+    ):
         super().__init__()
         check_moe_backend(backend, sequence_parallel)
         self.backend = backend
@@ -90,8 +101,9 @@ class MoE(nn.Module):
         shared = cfg.shared_intermediate_size
         self.shared_gate = ColumnParallelLinear(H, shared, tp, device) if shared else None
         self.shared_up = ColumnParallelLinear(H, shared, tp, device) if shared else None
-        self.shared_down = (RowParallelLinear(shared, H, tp, device, reduce_results=False)
-                            if shared else None)
+        self.shared_down = (
+            RowParallelLinear(shared, H, tp, device, reduce_results=False) if shared else None
+        )
 
     def route(self, x: Tensor, routing: Optional[RoutingTrace] = None) -> tuple[Tensor, Tensor]:
         """Top-k experts per token: ``(ids (T, k) int64, weights (T, k) fp32)``; the weights are the
@@ -129,8 +141,13 @@ class MoE(nn.Module):
         """Tokens each expert accepts under the capacity backend for a batch of T tokens."""
         return math.ceil(self.capacity_factor * T * self.top_k / self.num_experts)
 
-    def forward(self, x: Tensor, sharded: bool = False, dense: bool = False,
-                routing: Optional[RoutingTrace] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        sharded: bool = False,
+        dense: bool = False,
+        routing: Optional[RoutingTrace] = None,
+    ) -> Tensor:
         """This rank's partial of the MoE output for the gathered ``x (T, H)``. ``sharded``: the SP
         decision (a backend not valid with SP raises NotImplementedError). ``dense``: use the
         dense formulation (always used while capturing a CUDA graph). ``routing``: see
@@ -142,7 +159,7 @@ class MoE(nn.Module):
         if dense or capturing(x):
             mask = self.combine_weights(ids, weights, T)
             for e in range(self.num_experts):
-                out += self._expert(e, x).float() * mask[:, e:e + 1]
+                out += self._expert(e, x).float() * mask[:, e : e + 1]
         else:
             capacity = self._capacity(T)
             for e in range(self.num_experts):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tensor-parallel context and the per-tensor sharding helpers every weight goes through."""
 
 from __future__ import annotations
@@ -19,26 +20,35 @@ class TPContext:
     def __post_init__(self):
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"size: expected a positive int, got {self.size!r}")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.size:
+        if (
+            isinstance(self.rank, bool)
+            or not isinstance(self.rank, int)
+            or not 0 <= self.rank < self.size
+        ):
             raise ValueError(f"rank: expected an int in [0, {self.size}), got {self.rank!r}")
         if not isinstance(self.group, str):
             raise TypeError(f"group: expected a group name (str), got {type(self.group).__name__}")
 
 
-def local_shape(full_shape: tuple[int, ...], shard_dim: int | None, tp_size: int) -> tuple[int, ...]:
+def local_shape(
+    full_shape: tuple[int, ...], shard_dim: int | None, tp_size: int
+) -> tuple[int, ...]:
     """Shape of one rank's slice of a tensor of ``full_shape`` split evenly along ``shard_dim``."""
     if shard_dim is None:
         return tuple(full_shape)
     if full_shape[shard_dim] % tp_size:
-        raise ValueError(f"full_shape: dim {shard_dim} of {tuple(full_shape)} is not divisible by "
-                         f"the tensor-parallel size {tp_size}")
+        raise ValueError(
+            f"full_shape: dim {shard_dim} of {tuple(full_shape)} is not divisible by "
+            f"the tensor-parallel size {tp_size}"
+        )
     shape = list(full_shape)
     shape[shard_dim] //= tp_size
     return tuple(shape)
 
 
-def shard_index(full_shape: tuple[int, ...], shard_dim: int | None, rank: int,
-                tp_size: int) -> tuple[slice, ...]:
+def shard_index(
+    full_shape: tuple[int, ...], shard_dim: int | None, rank: int, tp_size: int
+) -> tuple[slice, ...]:
     """Index selecting ``rank``'s contiguous slice of a full tensor (all of it when not sharded).
     Every weight, synthetic or loaded, is sliced through this one function, which is why any tp
     reproduces the tp=1 model."""
@@ -49,15 +59,23 @@ def shard_index(full_shape: tuple[int, ...], shard_dim: int | None, rank: int,
     return tuple(index)
 
 
-def make_param(full_shape: tuple[int, ...], shard_dim: int | None, tp: TPContext,
-               dtype: torch.dtype, init: str, device: torch.device | str) -> torch.nn.Parameter:
+def make_param(
+    full_shape: tuple[int, ...],
+    shard_dim: int | None,
+    tp: TPContext,
+    dtype: torch.dtype,
+    init: str,
+    device: torch.device | str,
+) -> torch.nn.Parameter:
     """An uninitialised (frozen) parameter holding this rank's slice of a ``full_shape`` tensor.
 
     The full shape, shard dim and synthetic init kind ride along as attributes so that
     ``mhc_sp.model.weights`` can fill or load every parameter by name alone.
     """
-    p = torch.nn.Parameter(torch.empty(local_shape(full_shape, shard_dim, tp.size), dtype=dtype,
-                                       device=device), requires_grad=False)
+    p = torch.nn.Parameter(
+        torch.empty(local_shape(full_shape, shard_dim, tp.size), dtype=dtype, device=device),
+        requires_grad=False,
+    )
     p.full_shape = tuple(full_shape)
     p.shard_dim = shard_dim
     p.tp_rank = tp.rank

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Weights: seeded synthetic tensors and a safetensors loader, both by parameter name.
 
 Every parameter made by ``parallel.make_param`` knows its full shape, its shard dim and its
@@ -26,7 +27,7 @@ def synthetic_full(name: str, full_shape: tuple[int, ...], init: str, seed: int)
     """The full-size fp32 tensor for parameter ``name``. Each name has its own generator seeded from
     ``(seed, crc32(name))``, so a tensor does not depend on which other tensors a rank creates (a
     pipeline stage makes only its own layers)."""
-    g = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (2 ** 63))
+    g = torch.Generator().manual_seed((seed * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63))
     if init in ("linear", "hc_fn"):  # variance-preserving for x @ W^T over the last dim
         return torch.randn(full_shape, generator=g) * full_shape[-1] ** -0.5
     if init == "embedding":
@@ -58,8 +59,10 @@ def init_synthetic(model: nn.Module, seed: int) -> None:
 def synthetic_state_dict(model: nn.Module, seed: int) -> dict[str, torch.Tensor]:
     """The *full-size* synthetic tensors of every parameter name of ``model`` (in the parameters'
     dtypes), e.g. to write a checkpoint that the loader then slices per rank."""
-    return {name: synthetic_full(name, p.full_shape, p.init_kind, seed).to(p.dtype)
-            for name, p in _sharded_params(model)}
+    return {
+        name: synthetic_full(name, p.full_shape, p.init_kind, seed).to(p.dtype)
+        for name, p in _sharded_params(model)
+    }
 
 
 @dataclass
@@ -81,8 +84,12 @@ NameMap = Union[Mapping[str, str], Callable[[str], Optional[str]], None]
 
 
 @torch.no_grad()
-def load_safetensors(model: nn.Module, paths: Union[str, os.PathLike, Iterable[Union[str, os.PathLike]]],
-                     name_map: NameMap = None, strict: bool = False) -> LoadReport:
+def load_safetensors(
+    model: nn.Module,
+    paths: Union[str, os.PathLike, Iterable[Union[str, os.PathLike]]],
+    name_map: NameMap = None,
+    strict: bool = False,
+) -> LoadReport:
     """Load full-size tensors by name from one or more ``.safetensors`` files into ``model``,
     reading only this rank's slice of each.
 
@@ -105,7 +112,9 @@ def load_safetensors(model: nn.Module, paths: Union[str, os.PathLike, Iterable[U
     elif callable(name_map):
         mapper = name_map
     else:
-        raise TypeError(f"name_map: expected a mapping, a callable or None, got {type(name_map).__name__}")
+        raise TypeError(
+            f"name_map: expected a mapping, a callable or None, got {type(name_map).__name__}"
+        )
 
     params = dict(_sharded_params(model))
     report = LoadReport()
@@ -123,8 +132,10 @@ def load_safetensors(model: nn.Module, paths: Union[str, os.PathLike, Iterable[U
                 sl = f.get_slice(key)
                 shape = tuple(sl.get_shape())
                 if shape != p.full_shape:
-                    raise ValueError(f"{key}: checkpoint shape {shape} does not match parameter "
-                                     f"{target}'s full shape {p.full_shape}")
+                    raise ValueError(
+                        f"{key}: checkpoint shape {shape} does not match parameter "
+                        f"{target}'s full shape {p.full_shape}"
+                    )
                 part = sl[shard_index(p.full_shape, p.shard_dim, p.tp_rank, p.tp_size)]
                 p.copy_(part.to(dtype=p.dtype))
                 if target in seen:
@@ -133,6 +144,8 @@ def load_safetensors(model: nn.Module, paths: Union[str, os.PathLike, Iterable[U
                 report.loaded.append(target)
     report.missing = [n for n in params if n not in seen]
     if strict and not report.ok:
-        raise ValueError(f"checkpoint does not match the model: missing {report.missing}, "
-                         f"unexpected {report.unexpected}")
+        raise ValueError(
+            f"checkpoint does not match the model: missing {report.missing}, "
+            f"unexpected {report.unexpected}"
+        )
     return report

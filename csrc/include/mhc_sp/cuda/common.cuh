@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device helpers shared by the mHC CUDA kernels: raw bf16 packs (16-byte vectors or single
 // values), round-to-nearest-even conversion, a block-wide sum, the bf16 tensor-core MMA and the
@@ -20,7 +21,9 @@ enum class Mode : int {
   Head,       // hc_head: rows = n, pre weights only, no norm
 };
 
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) { return __uint_as_float(bits << 16); }
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
 
 // Round-to-nearest-even, as torch's .to(torch.bfloat16).
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float v) {
@@ -53,7 +56,8 @@ struct Pack<8> {
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      w[k] = uint32_t(float_to_bf16_bits(f[2 * k])) | (uint32_t(float_to_bf16_bits(f[2 * k + 1])) << 16);
+      w[k] = uint32_t(float_to_bf16_bits(f[2 * k])) |
+             (uint32_t(float_to_bf16_bits(f[2 * k + 1])) << 16);
     return Pack{make_uint4(w[0], w[1], w[2], w[3])};
   }
   __device__ __forceinline__ static Pack zero() { return Pack{make_uint4(0, 0, 0, 0)}; }
@@ -94,8 +98,8 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 //   d[0..1] = D[g][2c..2c+1]   d[2..3] = D[g+8][2c..2c+1]
 // Each 32-bit register holds two bf16, the lower k (or column) index in the low half. Each output
 // is one 16-product dot product of its own row and column: other rows never change it.
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                  uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host-side launch helpers shared by the CUDA translation units in csrc/cuda/ (one per op, so a
 // parallel build compiles the op instantiations concurrently). Included only from .cu files.
@@ -37,32 +38,52 @@ inline int sm_count() {
   return std::max(sms, 1);
 }
 
-// Runs the projection (+ post / broadcast copy) and the finish for one pre-style op.
+// How a pre-style op of T tokens splits its projection: token tiles x H-splits work items (one
+// block each in launch_pre); T <= kFusedMaxTokens runs the finish in the last block of a tile.
+struct PrePlan {
+  int64_t tiles, splits, per_split, items;
+  bool fused;
+  int64_t ws_floats, counter_ints;
+};
+
 template <int N, Mode MODE>
-void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
+PrePlan plan_pre(int64_t T, int64_t H, int sms) {
   using S = PreShape<N, MODE>;
-  const int sms = sm_count();
-  const int64_t tiles = (a.T + kTileTokens - 1) / kTileTokens;
-  const int64_t chunks = (a.H + S::HC - 1) / S::HC;
+  PrePlan p{};
+  p.tiles = (T + kTileTokens - 1) / kTileTokens;
+  const int64_t chunks = (H + S::HC - 1) / S::HC;
   // Split H until there are about two blocks per SM; never more splits than chunks. A block takes
   // a power-of-two group of chunks (a subtree of the projection's summation tree, see LeafTree):
   // how many only decides who adds what, never the order, so it may follow T and the GPU.
-  const int64_t wanted = std::clamp<int64_t>((2 * int64_t(sms) + tiles - 1) / tiles, 1, chunks);
-  int64_t per_split = 1;
-  while (per_split * wanted < chunks && per_split < (int64_t{1} << (kBlockLevels - 1))) per_split *= 2;
-  const int64_t splits = (chunks + per_split - 1) / per_split;
-  const int64_t grid = tiles * splits;
-  TORCH_CHECK(grid <= INT_MAX, "mhc_sp: ", a.T, " tokens need more blocks than a grid holds");
-  const bool fused = a.T <= kFusedMaxTokens;
+  const int64_t wanted = std::clamp<int64_t>((2 * int64_t(sms) + p.tiles - 1) / p.tiles, 1, chunks);
+  p.per_split = 1;
+  while (p.per_split * wanted < chunks && p.per_split < (int64_t{1} << (kBlockLevels - 1))) {
+    p.per_split *= 2;
+  }
+  p.splits = (chunks + p.per_split - 1) / p.per_split;
+  p.items = p.tiles * p.splits;
+  TORCH_CHECK(p.items <= INT_MAX, "mhc_sp: ", T, " tokens need more blocks than a grid holds");
+  p.fused = T <= kFusedMaxTokens;
+  p.ws_floats = p.items * kTileTokens * S::MP1;
+  p.counter_ints = p.fused ? p.tiles : 0;
+  return p;
+}
 
-  const int64_t ws_floats = grid * kTileTokens * S::MP1;
-  const int64_t counter_ints = fused ? tiles : 0;
+// Runs the projection (+ post / broadcast copy) and the finish for one pre-style op.
+template <int N, Mode MODE>
+void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
+  const int sms = sm_count();
+  const PrePlan plan = plan_pre<N, MODE>(a.T, a.H, sms);
+  const int64_t grid = plan.items;
+  const bool fused = plan.fused;
+  const int64_t ws_floats = plan.ws_floats;
+  const int64_t counter_ints = plan.counter_ints;
   const c10::DataPtr workspace = c10::cuda::CUDACachingAllocator::get()->allocate(
       static_cast<size_t>(ws_floats * sizeof(float) + counter_ints * sizeof(int)));
   a.ws = static_cast<float*>(workspace.get());
   a.counters = fused ? reinterpret_cast<int*>(a.ws + ws_floats) : nullptr;
-  a.splits = static_cast<int>(splits);
-  a.chunks_per_split = static_cast<int>(per_split);
+  a.splits = static_cast<int>(plan.splits);
+  a.chunks_per_split = static_cast<int>(plan.per_split);
   if (fused) C10_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, counter_ints * sizeof(int), stream));
 
   auto run = [&](auto v_const) {
@@ -98,6 +119,5 @@ inline PreArgs pre_args(const PreParams& p) {
   a.out = bits(p.out);
   return a;
 }
-
 
 }  // namespace mhc_sp::cuda

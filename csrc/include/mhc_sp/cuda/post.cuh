@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// mhc_post (DESIGN §1): out[t,j,h] = post[t,j] * x[t,h] + sum_i comb[t,i,j] * residual[t,i,h].
-// Bandwidth-bound: every element of x and residual is read once (16-byte loads when the vector
-// path is allowed) and every output element written once; fp32 math, bf16 (RNE) out.
+// mhc_post (docs/design.md §1): out[t,j,h] = post[t,j] * x[t,h] + sum_i comb[t,i,j] *
+// residual[t,i,h]. Bandwidth-bound: every element of x and residual is read once (16-byte loads
+// when the vector path is allowed) and every output element written once; fp32 math, bf16 (RNE)
+// out.
 
 #include "mhc_sp/cuda/common.cuh"
 
@@ -12,12 +14,12 @@ namespace mhc_sp::cuda {
 // outputs are also stored there (stream j at xs + j * xs_stride): the staging buffer of the
 // projection that follows in mhc_post_pre, which must see exactly the bf16 values written out.
 // Arithmetic order matches the CPU kernel: o = post * x, then o = fma(comb[i][j], r_i, o).
+// post_values takes x already widened (the symmetric-memory boundary reduces it on the fly).
 template <int N, int V>
-__device__ __forceinline__ void post_vector(const uint16_t* x, const uint16_t* res, int64_t H,
+__device__ __forceinline__ void post_values(const float (&xv)[V], const uint16_t* res, int64_t H,
                                             const float* post, const float* comb, uint16_t* out,
                                             uint16_t* xs, int xs_stride) {
-  float xv[V], rv[N][V];
-  Pack<V>::load(x).to_float(xv);
+  float rv[N][V];
 #pragma unroll
   for (int i = 0; i < N; ++i) Pack<V>::load(res + i * H).to_float(rv[i]);
 #pragma unroll
@@ -34,6 +36,15 @@ __device__ __forceinline__ void post_vector(const uint16_t* x, const uint16_t* r
     packed.store(out + j * H);
     if (xs != nullptr) packed.store(xs + j * xs_stride);
   }
+}
+
+template <int N, int V>
+__device__ __forceinline__ void post_vector(const uint16_t* x, const uint16_t* res, int64_t H,
+                                            const float* post, const float* comb, uint16_t* out,
+                                            uint16_t* xs, int xs_stride) {
+  float xv[V];
+  Pack<V>::load(x).to_float(xv);
+  post_values<N, V>(xv, res, H, post, comb, out, xs, xs_stride);
 }
 
 struct PostArgs {

@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The mHC pre pipeline on CUDA (DESIGN §1 steps 1-5) for mhc_pre, mhc_post_pre,
+// The mHC pre pipeline on CUDA (docs/design.md §1 steps 1-5) for mhc_pre, mhc_post_pre,
 // mhc_pre_broadcast and hc_head.
 //
 // Work split. The projection mix = X @ fn^T (T x M, K = streams * H, M = n(n+2) or n) is a GEMM
@@ -13,9 +14,9 @@
 // (Sinkhorn in registers, mhc_sp/coefficients.h) and collapses the token's streams into the
 // bf16 layer input with the fused RMSNorm.
 //
-// Summation order (batch invariance, DESIGN §3b). A token's mix and sum of squares are added in
-// one order fixed by H alone: per HC-wide chunk (a leaf), the tensor-core dot products of 16
-// values each, added in IEEE fp32 k-step by k-step; the leaves then pairwise (LeafTree). A block
+// Summation order (batch invariance, docs/design.md §3b). A token's mix and sum of squares are
+// added in one order fixed by H alone: per HC-wide chunk (a leaf), the tensor-core dot products of
+// 16 values each, added in IEEE fp32 k-step by k-step; the leaves then pairwise (LeafTree). A block
 // covers an aligned power-of-two group of chunks, a subtree of that tree, and the finish adds the
 // blocks' subtrees in the same tree: so neither the token count, nor the split, nor the grid
 // changes a bit of any token's outputs (nor do CUDA-graph replays). The collapse's norm is summed
@@ -38,61 +39,73 @@
 
 namespace mhc_sp::cuda {
 
-constexpr int kTileTokens = 64;     // tokens per projection block: 4 warps x m16
-constexpr int kProjThreads = 128;   // 4 warps
-constexpr int kFusedMaxTokens = 16; // up to here post + pre run as a single launch
-constexpr int kFinishTokens = 4;    // tokens per finish-kernel block iteration
+constexpr int kTileTokens = 64;               // tokens per projection block: 4 warps x m16
+constexpr int kProjThreads = 128;             // 4 warps
+constexpr int kFusedMaxTokens = 16;           // up to here post + pre run as a single launch
+constexpr int kFinishTokens = 4;              // tokens per finish-kernel block iteration
 constexpr int kFinishThreads = kProjThreads;  // the collapse sums its norm over this many threads
-constexpr int kBlockLevels = 12;    // a block adds at most 2^(kBlockLevels - 1) chunks
-constexpr int kSplitLevels = 32;    // the finish adds any number of blocks' partials
+constexpr int kBlockLevels = 12;              // a block adds at most 2^(kBlockLevels - 1) chunks
+constexpr int kSplitLevels = 32;              // the finish adds any number of blocks' partials
 
 template <int N, Mode MODE>
 struct PreShape {
-  static constexpr int NS = MODE == Mode::Broadcast ? 1 : N;  // streams the projection reads
+  static constexpr int NS = MODE == Mode::Broadcast ? 1 : N;      // streams the projection reads
   static constexpr int M = MODE == Mode::Head ? N : N * (N + 2);  // fn rows
-  static constexpr int MP1 = M + 1;                              // + the sum of squares
-  static constexpr int NT8 = (M + 7) / 8;                        // n8 MMA tiles covering M
+  static constexpr int MP1 = M + 1;                               // + the sum of squares
+  static constexpr int NT8 = (M + 7) / 8;                         // n8 MMA tiles covering M
   // Hidden positions per staged chunk: a multiple of 16 (one MMA k-step never crosses streams),
   // about 128 staged k values in all.
   static constexpr int HC = (128 / NS) / 16 * 16 >= 16 ? (128 / NS) / 16 * 16 : 16;
-  static constexpr int KC = NS * HC;    // k values per chunk
-  static constexpr int LDX = KC + 8;    // padded row: A-fragment loads hit 32 distinct banks
+  static constexpr int KC = NS * HC;  // k values per chunk
+  static constexpr int LDX = KC + 8;  // padded row: A-fragment loads hit 32 distinct banks
   static constexpr int kStageBytes = kTileTokens * LDX * 2;
   static constexpr int kCoefs = MODE == Mode::PostPre ? kTileTokens * (N + N * N) : 1;
   // The fused finish reuses the staging buffer: mix sums, pre weights, reduction scratch.
   static constexpr int kFusedFinishBytes = (kFusedMaxTokens * (MP1 + N) + 32) * 4;
-  static_assert(kFusedFinishBytes <= kStageBytes, "fused finish scratch must fit the staging buffer");
+  static_assert(kFusedFinishBytes <= kStageBytes,
+                "fused finish scratch must fit the staging buffer");
   static_assert(HC % 16 == 0 && KC % 16 == 0, "MMA k-steps of 16");
 };
 
 struct PreArgs {
   int64_t T, H;
-  const uint16_t* src;         // Pre/Head: residual (T,N,H); PostPre: the post's input residual;
-                               // Broadcast: x (T,H)
-  const uint16_t* x;           // PostPre: the sublayer output x (T,H)
-  const float* post_in;        // PostPre: (T,N)
-  const float* comb_in;        // PostPre: (T,N,N)
-  uint16_t* stream_out;        // PostPre / Broadcast: residual_out (T,N,H)
-  const float* fn;             // (M, NS*H)
-  const float* scale;          // (3,) or (1,)
-  const float* base;           // (M,)
-  const float* norm_weight;    // (H,) or nullptr
+  const uint16_t* src;       // Pre/Head: residual (T,N,H); PostPre: the post's input residual;
+                             // Broadcast: x (T,H)
+  const uint16_t* x;         // PostPre: the sublayer output x (T,H)
+  const float* post_in;      // PostPre: (T,N)
+  const float* comb_in;      // PostPre: (T,N,N)
+  uint16_t* stream_out;      // PostPre / Broadcast: residual_out (T,N,H)
+  const float* fn;           // (M, NS*H)
+  const float* scale;        // (3,) or (1,)
+  const float* base;         // (M,)
+  const float* norm_weight;  // (H,) or nullptr
   MhcScalars s;
-  float* post;                 // (T,N) or nullptr (Head)
-  float* comb;                 // (T,N,N) or nullptr (Head)
-  uint16_t* out;               // (T,H)
-  float* ws;                   // partials: (tiles * splits, kTileTokens, MP1)
-  int* counters;               // fused launch only: one per tile
-  int splits;                  // blocks per token tile along H
-  int chunks_per_split;        // HC-wide chunks per block: a power of two (see LeafTree)
+  float* post;           // (T,N) or nullptr (Head)
+  float* comb;           // (T,N,N) or nullptr (Head)
+  uint16_t* out;         // (T,H)
+  float* ws;             // partials: (tiles * splits, kTileTokens, MP1)
+  int* counters;         // fused launch only: one per tile
+  int splits;            // blocks per token tile along H
+  int chunks_per_split;  // HC-wide chunks per block: a power of two (see LeafTree)
+};
+
+// Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
+// symmetric-memory boundary (mhc_sp/cuda/symm.cuh) passes its own source, which reduces the peers'
+// rows on the fly. load<V> fills V widened values of token t at hidden position h.
+struct DirectX {
+  template <int V>
+  __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h,
+                                       float (&xv)[V]) const {
+    Pack<V>::load(a.x + t * a.H + h).to_float(xv);
+  }
 };
 
 // Stages chunk [h0, h0 + HC) of every stream of the tile's tokens into Xs (row tt, column
 // i * HC + hh), zero-filling tokens >= T and positions >= H. PostPre computes the post here
 // (writing residual_out) and stages its rounded output; Broadcast writes the n stream copies.
-template <int N, Mode MODE, int V>
-__device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0, uint16_t* Xs,
-                                            const float* coef_s) {
+template <int N, Mode MODE, int V, class XSrc>
+__device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int64_t h0,
+                                            uint16_t* Xs, const float* coef_s, const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
   constexpr int kVecs = S::HC / V;
   const int64_t H = a.H;
@@ -108,8 +121,10 @@ __device__ __forceinline__ void stage_chunk(const PreArgs& a, int64_t tile, int6
     }
     if constexpr (MODE == Mode::PostPre) {
       const float* c = coef_s + tt * (N + N * N);
-      post_vector<N, V>(a.x + t * H + h, a.src + t * N * H + h, H, c, c + N,
-                        a.stream_out + t * N * H + h, xs, S::HC);
+      float xv[V];
+      xsrc.template load<V>(a, t, h, xv);
+      post_values<N, V>(xv, a.src + t * N * H + h, H, c, c + N, a.stream_out + t * N * H + h, xs,
+                        S::HC);
     } else if constexpr (MODE == Mode::Broadcast) {
       const Pack<V> v = Pack<V>::load(a.src + t * H + h);
       v.store(xs);
@@ -238,17 +253,20 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
   for (int r = 0; r < count; ++r) collapse_token<N, MODE, V>(a, t0 + r, pre_s + r * N, red);
 }
 
-// Grid: tiles * splits blocks; block b handles token tile b / splits and H-slice b % splits.
-template <int N, Mode MODE, int V>
-__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
+// Work item `block` (of tiles * splits): token tile block / splits, H-slice block % splits.
+// kProjThreads threads. Also the body of the symmetric-memory boundary's kernels, which run
+// several items per block and pass their own x source; the summation order is the same.
+template <int N, Mode MODE, int V, class XSrc>
+__device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int64_t block,
+                                              const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
   __shared__ uint4 stage_raw[(S::kStageBytes + 15) / 16];
   __shared__ float coef_s[S::kCoefs];
   __shared__ int is_last;
   uint16_t* Xs = reinterpret_cast<uint16_t*>(stage_raw);
 
-  const int64_t tile = blockIdx.x / a.splits;
-  const int split = blockIdx.x % a.splits;
+  const int64_t tile = block / a.splits;
+  const int split = static_cast<int>(block % a.splits);
   const int64_t h_begin = int64_t(split) * a.chunks_per_split * S::HC;
   const int64_t h_end = min(a.H, h_begin + int64_t(a.chunks_per_split) * S::HC);
 
@@ -274,7 +292,7 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
 
   for (int64_t h0 = h_begin; h0 < h_end; h0 += S::HC) {
     __syncthreads();  // previous chunk's MMAs are done reading Xs
-    stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s);
+    stage_chunk<N, MODE, V>(a, tile, h0, Xs, coef_s, xsrc);
     __syncthreads();
     float leaf[kLeaf];
 #pragma unroll
@@ -334,7 +352,7 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
 
   float acc[kLeaf];
   tree.total(acc);
-  float* part = a.ws + int64_t(blockIdx.x) * kTileTokens * S::MP1;
+  float* part = a.ws + block * kTileTokens * S::MP1;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
   for (int nt = 0; nt < S::NT8; ++nt) {
@@ -369,8 +387,15 @@ __global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool f
   if (threadIdx.x == 0) a.counters[tile] = 0;  // leave it zeroed (the launcher memsets it too)
   const int count = static_cast<int>(min(int64_t(kTileTokens), a.T - tile * kTileTokens));
   float* scratch = reinterpret_cast<float*>(stage_raw);  // the projection is done with Xs
-  finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch, scratch + kFusedMaxTokens * S::MP1,
+  finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch,
+                           scratch + kFusedMaxTokens * S::MP1,
                            scratch + kFusedMaxTokens * (S::MP1 + N));
+}
+
+// Grid: tiles * splits blocks, one work item each.
+template <int N, Mode MODE, int V>
+__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
+  project_block<N, MODE, V>(a, fused, blockIdx.x, DirectX{});
 }
 
 // Non-fused finish: blocks stride over groups of kFinishTokens tokens.

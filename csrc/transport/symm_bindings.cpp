@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: Apache-2.0
+// mhc_sp._C bindings of the symm transport: its host-side arithmetic (every build, tested on CPU),
+// the transport's setup (mhc_sp.distributed.init through python/mhc_sp/_symm.py) and the
+// single-GPU harness (bench/symm_harness.py) in CUDA builds.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "mhc_sp/checks.h"
+#include "mhc_sp/symm.h"
+
+#if defined(MHC_SP_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+
+#include "mhc_sp/cuda/symm_comm.h"
+#endif
+
+namespace py = pybind11;
+
+namespace mhc_sp::symm {
+namespace {
+
+py::dict layout_dict(const BufferLayout& L) {
+  py::dict d;
+  d["world"] = L.world;
+  d["flags_offset"] = L.flags_offset;
+  d["mailbox_offset"] = L.mailbox_offset;
+  d["mailbox_slot_bytes"] = L.mailbox_slot_bytes;
+  d["halves_offset"] = L.halves_offset;
+  d["half_bytes"] = L.half_bytes;
+  d["total_bytes"] = L.total_bytes;
+  return d;
+}
+
+BufferLayout checked_layout(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
+  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxWorld, "world: the symm transport takes 1 to ",
+                    kMaxWorld, " ranks, got ", world);
+  TORCH_CHECK_VALUE(mailbox_slot_bytes >= 16, "mailbox_slot_bytes: expected at least 16, got ",
+                    mailbox_slot_bytes);
+  TORCH_CHECK_VALUE(half_bytes >= kPage, "half_bytes: expected at least ", kPage, ", got ",
+                    half_bytes);
+  return buffer_layout(world, mailbox_slot_bytes, half_bytes);
+}
+
+Op checked_op(const std::string& op) {
+  if (op == "all_gather") return Op::kAllGather;
+  if (op == "reduce_scatter") return Op::kReduceScatter;
+  if (op == "all_reduce") return Op::kAllReduce;
+  if (op == "fused_entry") return Op::kFusedEntry;
+  if (op == "fused_layer") return Op::kFusedLayer;
+  if (op == "fused_head") return Op::kFusedHead;
+  TORCH_CHECK_VALUE(false,
+                    "op: expected all_gather, reduce_scatter, all_reduce, fused_entry, "
+                    "fused_layer or fused_head, got '",
+                    op, "'");
+}
+
+CallHeader header_of(const std::string& op, bool sharded, int64_t rows, int64_t num_tokens,
+                     int64_t inner, int64_t elem_bytes) {
+  TORCH_CHECK_VALUE(rows >= 0, "rows: expected a value >= 0, got ", rows);
+  TORCH_CHECK_VALUE(inner >= 1, "inner: expected a value >= 1, got ", inner);
+  TORCH_CHECK_VALUE(elem_bytes >= 1 && elem_bytes <= 8, "elem_bytes: expected 1 to 8, got ",
+                    elem_bytes);
+  CallHeader h{};
+  h.op = static_cast<uint32_t>(checked_op(op));
+  h.flags = sharded ? boundary::kSharded : 0;
+  h.rows = rows;
+  h.num_tokens = num_tokens;
+  h.inner = inner;
+  h.elem_bytes = static_cast<uint32_t>(elem_bytes);
+  return h;
+}
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::kLamport: return "lamport";
+    case Path::kExchange: return "exchange";
+    default: return "fallback";
+  }
+}
+
+#if defined(MHC_SP_WITH_CUDA)
+
+std::optional<Tensor> norm_weight_fp32(const std::optional<Tensor>& w, int64_t H,
+                                       const Tensor& ref) {
+  return check_norm_weight(w, H, ref, "residuals[0]");
+}
+
+py::object error_dict(const ErrorRecord& e) {
+  if (e.code == kNoError) return py::none();
+  static const char* const kCodes[] = {"none", "timeout", "mismatch", "peer_broken"};
+  py::dict d;
+  d["code"] = e.code < 4 ? kCodes[e.code] : "unknown";
+  d["rank"] = e.rank;
+  d["peer"] = e.peer;
+  d["block"] = e.block;
+  d["op"] = e.op;
+  d["phase"] = e.phase;
+  d["epoch"] = e.epoch;
+  d["waited_s"] = static_cast<double>(e.waited_ns) * 1e-9;
+  return std::move(d);
+}
+
+void check_list(const std::vector<Tensor>& v, const char* name, int64_t world) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(v.size()) == world, name,
+                    ": expected one tensor per "
+                    "simulated rank (",
+                    world, "), got ", v.size());
+  for (const Tensor& t : v) {
+    TORCH_CHECK_VALUE(t.defined() && t.is_cuda(), name, ": expected CUDA tensors");
+    check_contiguous(t, name);
+  }
+}
+
+// The harness's fused_layer: every simulated rank's inputs, checked as the op checks them.
+std::vector<LayerOutputs> sim_fused_layer(
+    const SymmSimGroup& g, const std::vector<Tensor>& partials,
+    const std::vector<Tensor>& residuals, const std::vector<Tensor>& posts,
+    const std::vector<Tensor>& combs, const Tensor& fn, const Tensor& hc_scale,
+    const Tensor& hc_base, const std::optional<Tensor>& norm_weight, bool sharded,
+    int64_t num_tokens, double rms_eps, double hc_pre_eps, double hc_sinkhorn_eps,
+    double hc_post_mult, int64_t sinkhorn_iters, double norm_eps, int64_t absent) {
+  const int64_t world = g.world();
+  for (const auto* v : {&partials, &residuals, &posts, &combs}) check_list(*v, "tensors", world);
+  const Tensor& ref = residuals[0];
+  const StreamShape s = check_stream(ref, "residuals[0]");
+  TORCH_CHECK_VALUE(s.n == 4, "residuals: the harness simulates hc_mult 4 only, got ",
+                    shape_str(ref));
+  TORCH_CHECK_VALUE(s.H % 8 == 0, "residuals: hidden size must be a multiple of 8, got ", s.H);
+  const int64_t rows = sharded ? shard_rows(num_tokens, world) : num_tokens;
+  TORCH_CHECK_VALUE(num_tokens >= 1, "num_tokens: expected a value >= 1, got ", num_tokens);
+  TORCH_CHECK_VALUE(absent >= -1 && absent < world, "absent: expected -1 or a rank, got ", absent);
+  check_mhc_projection(fn, hc_scale, hc_base, s, ref, "residuals[0]");
+  const auto w = norm_weight_fp32(norm_weight, s.H, ref);
+  const MhcScalars sc =
+      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  std::vector<LayerTensors> inputs;
+  for (int64_t r = 0; r < world; ++r) {
+    TORCH_CHECK_VALUE(residuals[r].sizes() == ref.sizes() && residuals[r].size(0) == rows,
+                      "residuals: expected every rank's stream of shape (", rows, ", 4, ", s.H,
+                      "), rank ", r, " has ", shape_str(residuals[r]));
+    check_stream(residuals[r], "residuals");
+    check_tensor(partials[r], "partials", at::kBFloat16, 2, "(tokens, hidden)", ref,
+                 "residuals[0]");
+    TORCH_CHECK_VALUE(partials[r].size(0) >= num_tokens && partials[r].size(1) == s.H,
+                      "partials: expected (>= num_tokens, hidden) per rank, rank ", r, " has ",
+                      shape_str(partials[r]));
+    check_post_comb(posts[r], combs[r], StreamShape{rows, s.n, s.H}, ref, "residuals[0]");
+    inputs.push_back(
+        LayerTensors{partials[r], residuals[r], posts[r], combs[r], fn, hc_scale, hc_base, w});
+  }
+  const BufferLayout& L = g.rank(0).layout();
+  if (sharded) {
+    const CallHeader h = header_of("fused_layer", true, num_tokens, num_tokens, s.H, 2);
+    TORCH_CHECK_VALUE(exchange_path(L, h) == Path::kExchange, "num_tokens: ", num_tokens,
+                      " tokens do not fit the harness's half of ", L.half_bytes, " bytes");
+  } else {
+    TORCH_CHECK_VALUE(reduction_path(L, num_tokens, s.H, true) == Path::kLamport,
+                      "num_tokens: ", num_tokens, " tokens at hidden ", s.H,
+                      " do not fit the Lamport mailbox (at most ", kLamportMaxTokens, " tokens, ",
+                      L.mailbox_slot_bytes, " bytes)");
+  }
+  const c10::cuda::CUDAGuard guard(ref.device());
+  return run_fused_layer(g.ranks(), inputs, sc, sharded, num_tokens, true, absent);
+}
+
+std::vector<Tensor> sim_collective(const SymmSimGroup& g, const std::string& op_name,
+                                   const std::vector<Tensor>& xs, int64_t num_tokens,
+                                   int64_t absent) {
+  const int64_t world = g.world();
+  check_list(xs, "xs", world);
+  const Op op = checked_op(op_name);
+  TORCH_CHECK_VALUE(op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllReduce,
+                    "op: expected all_gather, reduce_scatter or all_reduce, got '", op_name, "'");
+  TORCH_CHECK_VALUE(xs[0].dim() >= 1 && xs[0].size(0) >= 1, "xs: expected at least one row");
+  for (const Tensor& x : xs) {
+    TORCH_CHECK_VALUE(x.sizes() == xs[0].sizes() && x.scalar_type() == xs[0].scalar_type(),
+                      "xs: every rank's tensor must have the same shape and dtype");
+  }
+  const int64_t rows = xs[0].size(0);
+  if (op == Op::kReduceScatter) {
+    TORCH_CHECK_VALUE(rows % world == 0, "xs: reduce_scatter takes rows padded to a multiple of ",
+                      world, ", got ", rows);
+  }
+  std::vector<Tensor> outs;
+  for (const Tensor& x : xs) {
+    auto sizes = x.sizes().vec();
+    if (op == Op::kReduceScatter) sizes[0] = rows / world;
+    if (op == Op::kAllGather) sizes[0] = num_tokens < 0 ? rows * world : num_tokens;
+    outs.push_back(at::empty(sizes, x.options()));
+  }
+  const c10::cuda::CUDAGuard guard(xs[0].device());
+  TORCH_CHECK_VALUE(
+      run_collective(g.ranks(), op, outs, xs, op == Op::kAllGather ? num_tokens : -1, true, absent),
+      "xs: this call does not fit the harness's workspace or dtype (", shape_str(xs[0]), ", ",
+      xs[0].scalar_type(), ")");
+  return outs;
+}
+
+#endif  // MHC_SP_WITH_CUDA
+
+}  // namespace
+
+void bind(py::module_& m) {
+  m.def("symm_constants", [] {
+    py::dict d;
+    d["max_world"] = kMaxWorld;
+    d["max_blocks"] = kMaxBlocks;
+    d["mailboxes"] = kMailboxes;
+    d["lamport_max_tokens"] = kLamportMaxTokens;
+    d["max_sim_ranks"] = kMaxSimRanks;
+    d["default_mailbox_slot_bytes"] = kDefaultMailboxSlotBytes;
+    d["default_half_bytes"] = kDefaultHalfBytes;
+    d["local_state_bytes"] = static_cast<int64_t>(sizeof(LocalState));
+    return d;
+  });
+  m.def(
+      "symm_buffer_layout",
+      [](int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
+        return layout_dict(checked_layout(world, mailbox_slot_bytes, half_bytes));
+      },
+      py::arg("world"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"));
+  m.def(
+      "symm_flag_offset",
+      [](int64_t world, int64_t block, int64_t src) {
+        TORCH_CHECK_VALUE(block >= 0 && block < kMaxBlocks, "block: expected [0, ", kMaxBlocks,
+                          ")");
+        TORCH_CHECK_VALUE(src >= 0 && src < world, "src: expected [0, ", world, ")");
+        return flag_offset(checked_layout(world, 16, kPage), block, src);
+      },
+      py::arg("world"), py::arg("block"), py::arg("src"));
+  m.def("symm_mailbox_index", [](uint64_t call) { return mailbox_index(call); }, py::arg("call"));
+  m.def("symm_half_index", [](uint64_t call) { return half_index(call); }, py::arg("call"));
+  m.def(
+      "symm_exchange_layout",
+      [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,
+         int64_t elem_bytes, int64_t world) {
+        checked_layout(world, 16, kPage);
+        const ExchangeLayout X =
+            exchange_layout(header_of(op, sharded, rows, num_tokens, inner, elem_bytes), world);
+        py::dict d;
+        d["in_rows"] = X.in_rows;
+        d["out_rows"] = X.out_rows;
+        d["row_bytes"] = X.row_bytes;
+        d["landing_offset"] = X.landing_offset;
+        d["landing_stride"] = X.landing_stride;
+        d["out_offset"] = X.out_offset;
+        d["need"] = X.need;
+        return d;
+      },
+      py::arg("op"), py::arg("sharded"), py::arg("rows"), py::arg("num_tokens"), py::arg("inner"),
+      py::arg("elem_bytes"), py::arg("world"));
+  m.def(
+      "symm_path",
+      [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,
+         int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
+        const BufferLayout L = checked_layout(world, mailbox_slot_bytes, half_bytes);
+        const Op o = checked_op(op);
+        if (o == Op::kAllReduce || (o == Op::kFusedLayer && !sharded)) {
+          return path_name(reduction_path(L, rows, inner, o == Op::kFusedLayer));
+        }
+        return path_name(exchange_path(L, header_of(op, sharded, rows, num_tokens, inner * 2, 1)));
+      },
+      py::arg("op"), py::arg("sharded"), py::arg("rows"), py::arg("num_tokens"), py::arg("inner"),
+      py::arg("world"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"));
+  m.def("symm_checked_peer_table", &checked_peer_table, py::arg("ptrs"), py::arg("rank"),
+        py::arg("world"), py::arg("local"));
+  m.def(
+      "symm_describe_error",
+      [](const std::string& code, int64_t rank, int64_t peer, int64_t block, int64_t phase,
+         uint64_t epoch, double waited_s, const std::string& group, double timeout_s) {
+        ErrorRecord e{};
+        e.code = code == "timeout"       ? kTimeout
+                 : code == "mismatch"    ? kMismatch
+                 : code == "peer_broken" ? kPeerBroken
+                                         : 99;
+        e.rank = static_cast<int32_t>(rank);
+        e.peer = static_cast<int32_t>(peer);
+        e.block = static_cast<int32_t>(block);
+        e.phase = static_cast<uint32_t>(phase);
+        e.epoch = epoch;
+        e.waited_ns = static_cast<uint64_t>(waited_s * 1e9);
+        return describe_error(e, group, timeout_s);
+      },
+      py::arg("code"), py::arg("rank"), py::arg("peer"), py::arg("block"), py::arg("phase"),
+      py::arg("epoch"), py::arg("waited_s"), py::arg("group"), py::arg("timeout_s"));
+
+#if defined(MHC_SP_WITH_CUDA)
+  m.def(
+      "init_symm_transport",
+      [](const std::string& name, py::bytes unique_id, int64_t device, Tensor buffer,
+         const std::vector<int64_t>& peer_ptrs, int64_t mailbox_slot_bytes, int64_t half_bytes,
+         double timeout_s) {
+        const std::string id = unique_id;
+        const GroupHandle g = registered_group(name);
+        const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+        auto ws = std::make_unique<SymmWorkspace>(buffer, peer_ptrs, g.rank, g.world,
+                                                  mailbox_slot_bytes, half_bytes, timeout_s);
+        std::unique_ptr<Communicator> fallback;
+        {
+          py::gil_scoped_release no_gil;  // blocks until every rank joins
+          fallback = make_nccl_communicator(name, id, device);
+        }
+        attach_communicator(
+            name, c10::DeviceType::CUDA, device,
+            std::make_unique<SymmCommunicator>(name, std::move(ws), std::move(fallback)));
+      },
+      py::arg("name"), py::arg("unique_id"), py::arg("device"), py::arg("buffer"),
+      py::arg("peer_ptrs"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"),
+      py::arg("timeout_s"));
+
+  py::class_<SymmSimGroup>(m, "SymmSimGroup",
+                           "Simulated ranks of one symm group on this GPU (the harness)")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, double>(), py::arg("world"),
+           py::arg("device"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"),
+           py::arg("timeout_s"))
+      .def_property_readonly("world", &SymmSimGroup::world)
+      .def("fused_layer", &sim_fused_layer, py::arg("partials"), py::arg("residuals"),
+           py::arg("posts"), py::arg("combs"), py::arg("fn"), py::arg("hc_scale"),
+           py::arg("hc_base"), py::arg("norm_weight"), py::arg("sharded"), py::arg("num_tokens"),
+           py::arg("rms_eps"), py::arg("hc_pre_eps"), py::arg("hc_sinkhorn_eps"),
+           py::arg("hc_post_mult"), py::arg("sinkhorn_iters"), py::arg("norm_eps"),
+           py::arg("absent") = -1)
+      .def("collective", &sim_collective, py::arg("op"), py::arg("xs"), py::arg("num_tokens") = -1,
+           py::arg("absent") = -1)
+      .def("errors",
+           [](const SymmSimGroup& g) {
+             py::list out;
+             for (int64_t r = 0; r < g.world(); ++r) out.append(error_dict(g.rank(r).error()));
+             return out;
+           })
+      .def(
+          "describe_error",
+          [](const SymmSimGroup& g, int64_t rank) {
+            const ErrorRecord e = g.rank(rank).error();
+            return e.code == kNoError ? std::string()
+                                      : describe_error(e, "harness", g.rank(rank).timeout_s());
+          },
+          py::arg("rank"));
+#endif
+}
+
+}  // namespace mhc_sp::symm

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host-side logic of the symm transport that needs no GPU: the pointer table's checks, which path
+// a call takes, and the text of a failed wait. Compiled in every build, so CPU tests cover it.
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "mhc_sp/symm.h"
+
+namespace mhc_sp::symm {
+
+std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_t rank,
+                                        int64_t world, int64_t local) {
+  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxWorld, "world: the symm transport takes 1 to ",
+                    kMaxWorld, " ranks, got ", world);
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank: expected a value in [0, ", world, "), got ",
+                    rank);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(ptrs.size()) == world, "peer_ptrs: expected ", world,
+                    " pointers (one per rank), got ", ptrs.size());
+  std::unordered_set<int64_t> seen;
+  for (int64_t p = 0; p < world; ++p) {
+    const int64_t v = ptrs[p];
+    TORCH_CHECK_VALUE(v != 0, "peer_ptrs: rank ", p, "'s buffer is not mapped (null pointer)");
+    TORCH_CHECK_VALUE(v % 16 == 0, "peer_ptrs: rank ", p, "'s buffer at 0x", std::hex, v,
+                      " is not 16-byte aligned");
+    TORCH_CHECK_VALUE(seen.insert(v).second, "peer_ptrs: rank ", p,
+                      "'s buffer is mapped at the same address as another rank's");
+  }
+  TORCH_CHECK_VALUE(ptrs[rank] == local, "peer_ptrs: entry ", rank,
+                    " (this rank) must be this rank's own buffer");
+  return ptrs;
+}
+
+Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fused_layer) {
+  const int64_t bytes = rows * inner * 2;
+  const bool lamport_rows = !fused_layer || rows <= kLamportMaxTokens;
+  if (rows >= 1 && inner % 8 == 0 && lamport_rows && bytes <= L.mailbox_slot_bytes) {
+    return Path::kLamport;
+  }
+  CallHeader h{};
+  h.op = static_cast<uint32_t>(Op::kAllReduce);
+  h.rows = rows;
+  h.inner = inner * 2;
+  h.elem_bytes = 1;
+  return inner % 8 == 0 ? exchange_path(L, h) : Path::kFallback;
+}
+
+Path exchange_path(const BufferLayout& L, const CallHeader& h) {
+  const ExchangeLayout X = exchange_layout(h, L.world);
+  if (X.row_bytes % 16 != 0) return Path::kFallback;  // the kernels move 16-byte vectors
+  return X.need <= L.half_bytes ? Path::kExchange : Path::kFallback;
+}
+
+std::string describe_error(const ErrorRecord& e, const std::string& group, double timeout_s) {
+  static const char* const kPhases[] = {"the Lamport mailbox", "the first barrier",
+                                        "the second barrier"};
+  const char* phase = e.phase < 3 ? kPhases[e.phase] : "a wait";
+  const std::string where = c10::str("group '", group, "' (symm transport): rank ", e.rank,
+                                     ", block ", e.block, ", ", phase, " of epoch ", e.epoch);
+  std::string what;
+  switch (e.code) {
+    case kTimeout:
+      what = c10::str("timed out after ", static_cast<double>(e.waited_ns) * 1e-9, " s (timeout ",
+                      timeout_s, " s) waiting for rank ", e.peer);
+      break;
+    case kMismatch:
+      what =
+          c10::str("rank ", e.peer,
+                   " made a different call (another op, token count, hidden size or call order)");
+      break;
+    case kPeerBroken:
+      what = c10::str("gave up: rank ", e.peer, " had marked the workspace broken");
+      break;
+    default: what = c10::str("failed with code ", e.code);
+  }
+  return c10::str(where, ": ", what,
+                  ". The workspace is broken; every later call on this group raises. Re-create the "
+                  "process group and call mhc_sp.distributed.init again.");
+}
+
+}  // namespace mhc_sp::symm

@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Host-side logic of the CUDA symm transport, on CPU: the layout of a rank's buffer, which mailbox
+or half a call uses, which path a call takes, the peer pointer table's checks, the error text,
+and the transport choice (mhc_sp._symm). The kernels themselves run in bench/symm_harness.py on a
+GPU (simulated ranks)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mhc_sp.distributed as msd
+from mhc_sp import _C, _symm
+from mhc_sp import reference as R
+
+C = _C.symm_constants()
+PAGE = 4096
+ALIGN = 128
+
+
+def layout(world, slot=C["default_mailbox_slot_bytes"], half=C["default_half_bytes"]):
+    return _C.symm_buffer_layout(world, slot, half)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 16])
+def test_buffer_regions_are_page_aligned_ordered_and_disjoint(world):
+    L = layout(world, slot=1000, half=5000)
+    assert L["flags_offset"] == PAGE  # page 0: the protocol's SegmentHeader
+    assert L["mailbox_slot_bytes"] == 1024  # rounded up to 128
+    assert L["half_bytes"] == 8192  # rounded up to a page
+    regions = [
+        (L["flags_offset"], C["max_blocks"] * world * 8),
+        (L["mailbox_offset"], C["mailboxes"] * world * L["mailbox_slot_bytes"]),
+        (L["halves_offset"], 2 * L["half_bytes"]),
+    ]
+    end = PAGE
+    for start, size in regions:
+        assert start % PAGE == 0 and start >= end
+        end = start + size
+    assert L["total_bytes"] == end
+
+
+def test_default_sizes_hold_a_v4_pro_prefill_and_decode():
+    # A half holds a sharded boundary of 8192 tokens at H = 7168 for every world the NVLink
+    # domain of one host has; a mailbox slot holds 16 tokens of H = 7168.
+    for world in (2, 4, 8):
+        need = _C.symm_exchange_layout("fused_layer", True, 8192, 8192, 7168, 2, world)["need"]
+        assert need <= C["default_half_bytes"]
+    assert 16 * 7168 * 2 <= C["default_mailbox_slot_bytes"]
+
+
+def test_flag_words_are_distinct_per_block_and_source():
+    world = 4
+    seen = {
+        _C.symm_flag_offset(world, b, s)
+        for b in (0, 1, 2, C["max_blocks"] - 1)
+        for s in range(world)
+    }
+    assert len(seen) == 4 * world
+    assert all(o % 8 == 0 for o in seen)
+    L = layout(world)
+    assert max(seen) + 8 <= L["mailbox_offset"]
+
+
+def test_mailbox_and_half_indices_cycle():
+    assert [_C.symm_mailbox_index(c) for c in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [_C.symm_half_index(c) for c in range(5)] == [0, 1, 0, 1, 0]
+    big = 2**64 - 1  # the device counters are 64-bit and never wrap in practice; still consistent
+    assert _C.symm_mailbox_index(big) == big % 3
+    assert _C.symm_half_index(big) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    world=st.integers(1, 16),
+    num_tokens=st.integers(0, 5000),
+    hidden=st.sampled_from([8, 64, 4096, 7168]),
+)
+def test_sharded_layer_exchange_layout(world, num_tokens, hidden):
+    X = _C.symm_exchange_layout("fused_layer", True, num_tokens, num_tokens, hidden, 2, world)
+    shard = -(-num_tokens // world)
+    row = hidden * 2
+    assert X["in_rows"] == X["out_rows"] == shard
+    assert X["row_bytes"] == row
+    assert X["landing_offset"] >= world * ALIGN  # every source's CallHeader first
+    assert X["landing_stride"] % ALIGN == 0 and X["landing_stride"] >= shard * row
+    assert X["out_offset"] == X["landing_offset"] + world * X["landing_stride"]
+    assert X["need"] >= X["out_offset"] + shard * row and X["need"] % ALIGN == 0
+
+
+@pytest.mark.parametrize(
+    "op,sharded,in_rows,out_rows",
+    [
+        ("reduce_scatter", False, 3, 0),  # ceil(10 / 4) rows land from every source
+        ("all_reduce", False, 3, 3),  # ... and the reduced shard is published for the gather
+        ("all_gather", False, 0, 10),  # the rank's own rows are published
+        ("fused_entry", True, 0, 3),  # the shard of layer_input only
+        ("fused_head", True, 3, 3),
+        ("fused_layer", False, 0, 0),  # replicated: the Lamport mailbox, no half
+        ("fused_entry", False, 0, 0),
+    ],
+)
+def test_exchange_layout_per_op(op, sharded, in_rows, out_rows):
+    X = _C.symm_exchange_layout(op, sharded, 10, 10, 64, 2, 4)
+    assert (X["in_rows"], X["out_rows"]) == (in_rows, out_rows)
+
+
+def test_paths():
+    slot, half = C["default_mailbox_slot_bytes"], C["default_half_bytes"]
+
+    def path(op, sharded, rows, inner, world=8):
+        return _C.symm_path(op, sharded, rows, rows, inner, world, slot, half)
+
+    for T in (1, 7, 16):
+        assert path("fused_layer", False, T, 7168) == "lamport"
+    assert (
+        path("fused_layer", False, 17, 7168) == "exchange"
+    )  # the op composes all_reduce + post_pre
+    assert path("fused_layer", False, 16, 4100) == "fallback"  # H % 8: NCCL
+    assert path("all_reduce", False, 17, 7168) == "lamport"  # plain all_reduce: bytes decide
+    assert path("all_reduce", False, 19, 7168) == "exchange"
+    assert path("all_reduce", False, 1, 64) == "lamport"
+    assert path("all_reduce", False, 4, 65536) == "exchange"  # 512 KiB: past a slot
+    assert path("fused_layer", True, 8192, 7168) == "exchange"
+    assert path("fused_layer", True, 8192, 7168, world=1) == "fallback"  # 2 x 117 MB > 192 MiB
+    assert path("fused_layer", True, 100, 4100) == "fallback"
+    assert path("all_gather", False, 100, 4) == "fallback"  # 8-byte rows: not 16-byte vectors
+
+
+def test_layout_argument_errors():
+    with pytest.raises(ValueError, match="^world: "):
+        _C.symm_buffer_layout(0, 1024, 8192)
+    with pytest.raises(ValueError, match="^world: "):
+        _C.symm_buffer_layout(C["max_world"] + 1, 1024, 8192)
+    with pytest.raises(ValueError, match="^mailbox_slot_bytes: "):
+        _C.symm_buffer_layout(2, 8, 8192)
+    with pytest.raises(ValueError, match="^half_bytes: "):
+        _C.symm_buffer_layout(2, 1024, 100)
+    with pytest.raises(ValueError, match="^op: "):
+        _C.symm_exchange_layout("broadcast", False, 1, 1, 8, 2, 2)
+    with pytest.raises(ValueError, match="^rows: "):
+        _C.symm_exchange_layout("all_gather", False, -1, 1, 8, 2, 2)
+    with pytest.raises(ValueError, match="^block: "):
+        _C.symm_flag_offset(2, C["max_blocks"], 0)
+
+
+def test_peer_table_checks():
+    ptrs = [0x10000, 0x20000, 0x30000]
+    assert _C.symm_checked_peer_table(ptrs, 1, 3, 0x20000) == ptrs
+    cases = [
+        (ptrs[:2], 1, 3, 0x20000, "^peer_ptrs: expected 3 pointers"),
+        ([0x10000, 0, 0x30000], 1, 3, 0, "^peer_ptrs: rank 1's buffer is not mapped"),
+        ([0x10000, 0x20008, 0x30000], 1, 3, 0x20008, "^peer_ptrs: rank 1's buffer .* not 16-byte"),
+        (
+            [0x10000, 0x10000, 0x30000],
+            0,
+            3,
+            0x10000,
+            "^peer_ptrs: rank 1's buffer is mapped at the same",
+        ),
+        (ptrs, 2, 3, 0x20000, "^peer_ptrs: entry 2 \\(this rank\\)"),
+        (ptrs, 3, 3, 0x20000, "^rank: "),
+        (ptrs, 0, 0, 0x10000, "^world: "),
+    ]
+    for p, rank, world, local, match in cases:
+        with pytest.raises(ValueError, match=match):
+            _C.symm_checked_peer_table(p, rank, world, local)
+
+
+def test_error_text_names_the_peer():
+    text = _C.symm_describe_error("timeout", 3, 5, 17, 1, 42, 2.5, "tp", 2.0)
+    assert "rank 3" in text and "waiting for rank 5" in text and "block 17" in text
+    assert "first barrier" in text and "epoch 42" in text and "group 'tp'" in text
+    assert "broken" in text
+    assert "rank 6 had marked" in _C.symm_describe_error(
+        "peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0
+    )
+    assert "Lamport mailbox" in _C.symm_describe_error("peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0)
+    assert "rank 2 made a different call" in _C.symm_describe_error(
+        "mismatch", 0, 2, 0, 1, 1, 0, "g", 1
+    )
+
+
+def test_unreachable_peers():
+    hosts = ["a", "a", "a", "b"]
+    devices = [0, 1, 1, 0]
+    allowed = {(0, 1), (1, 0)}
+    can = lambda a, b: (a, b) in allowed  # noqa: E731
+    assert _symm.unreachable_peers(0, hosts, devices, can) == [3]  # another host
+    assert _symm.unreachable_peers(1, hosts, devices, can) == [2, 3]  # rank 2 shares its GPU
+    assert _symm.unreachable_peers(0, hosts[:3], [0, 1, 2], lambda a, b: False) == [1, 2]
+    with pytest.raises(ValueError, match="^hosts: "):
+        _symm.unreachable_peers(0, hosts[:2], devices, can)
+    with pytest.raises(ValueError, match="^rank: "):
+        _symm.unreachable_peers(4, hosts, devices, can)
+
+
+def test_choose_transport():
+    assert _symm.choose("auto", [[], [], []], "g") == "symm"
+    assert _symm.choose("auto", [[], [2], []], "g") == "nccl"  # decided together: never mixed
+    assert _symm.choose("symm", [[], []], "g") == "symm"
+    assert _symm.choose("nccl", [[], []], "g") == "nccl"
+    with pytest.raises(ValueError, match="^transport: 'symm' needs .* rank 1 cannot reach rank 2"):
+        _symm.choose("symm", [[], [2], []], "g")
+    with pytest.raises(ValueError, match="^transport: expected 'auto', 'symm' or 'nccl'"):
+        _symm.choose("shm", [[]], "g")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_init_without_cuda_raises():
+    with pytest.raises(ValueError, match="^device: CUDA transports need"):
+        _symm.init(None, "g", 0, 2, 0, "symm", 1.0)
+
+
+def test_byte_arguments_are_checked():
+    assert _symm._check_bytes(None, "half_bytes", 7, 1) == 7
+    with pytest.raises(TypeError, match="^half_bytes: "):
+        _symm._check_bytes(1.5, "half_bytes", 7, 1)
+    with pytest.raises(ValueError, match="^half_bytes: "):
+        _symm._check_bytes(100, "half_bytes", 7, 4096)
+
+
+@pytest.mark.skipif(not hasattr(_C, "SymmSimGroup"), reason="mhc_sp built without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path runs in bench/symm_harness.py")
+def test_cuda_build_exposes_the_harness_without_a_gpu():
+    # The CUDA build links the transport; creating a group needs a GPU and says so.
+    with pytest.raises(
+        ValueError, match=r"^device: expected a CUDA device index in \[0, 0\), got 0"
+    ):
+        _C.SymmSimGroup(2, 0, 4096, 8192, 1.0)
+
+
+def test_harness_script_runs_to_its_no_gpu_exit():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "symm_harness.py"
+    spec = importlib.util.spec_from_file_location("symm_harness", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    assert harness.parse_args(["--quick", "--budget-s", "5"]).quick
+    if not torch.cuda.is_available():
+        assert harness.main(["--quick"]) == 2
+
+
+def test_reference_sum_starts_from_plus_zero():
+    # The rule of every transport (and of the mailbox, whose empty marker is -0): fp32 rank-order
+    # sum from +0, one rounding. -0 everywhere gives +0; 1 + 2^-8 + 2^-9 rounds once, not twice.
+    parts = [
+        torch.tensor([-0.0, 1.0, 2.0**-9, -0.0]).bfloat16(),
+        torch.tensor([-0.0, 2.0**-8, 2.0**-9, 0.0]).bfloat16(),
+    ]
+    total = R.sum_partials(parts)
+    want = torch.tensor([0.0, 1.0 + 2.0**-8, 2.0**-8, 0.0]).bfloat16()
+    assert total.view(torch.int16).tolist() == want.view(torch.int16).tolist()
+    assert R.sum_partials([torch.tensor([-0.0], dtype=torch.float64)]).item() == 0.0
+    assert not torch.signbit(R.sum_partials([torch.tensor([-0.0], dtype=torch.float64)])).item()
+
+
+def test_symm_is_a_cuda_transport_only():
+    assert msd.TRANSPORTS["cuda"] == ("auto", "symm", "nccl")
+    with pytest.raises(ValueError, match=r"^transport: 'symm' does not serve cpu tensors"):
+        msd.init(device="cpu", transport="symm")
+    with pytest.raises(ValueError, match=r"^transport: expected one of 'auto', 'symm', 'nccl'"):
+        msd.init(device="cuda", transport="ncl")
+
+
+def peer_gpus(world):
+    """True when `world` GPUs can each map every other's memory (what symm needs)."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
+        return False
+    return all(
+        torch.cuda.can_device_access_peer(a, b)
+        for a in range(world)
+        for b in range(world)
+        if a != b
+    )
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_ops_on_symm_match_reference(world):
+    # The production path (torch symmetric memory, one rank per GPU): every case of test_sp_ops,
+    # the sums bit for bit reference.sum_partials. Needs `world` GPUs with peer access.
+    if not peer_gpus(world):
+        pytest.skip(f"{world} GPUs with peer access needed")
+    from dist_harness import run_world
+    from test_sp_ops import boundary_cases, worker_fused_ops
+
+    results = run_world(
+        world, worker_fused_ops, "cuda", "symm", backend="cpu:gloo,cuda:nccl", timeout=300
+    )
+    assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
+    assert [d for _, d in results] == [results[0][1]] * world
