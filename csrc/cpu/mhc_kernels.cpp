@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU kernels for the mHC math (DESIGN §1): bf16 in/out, fp32 math, at::vec inner loops,
 // at::parallel_for over tokens. Compiled once per CPU_CAPABILITY (see CMakeLists.txt).
 
@@ -20,10 +21,10 @@ namespace CPU_CAPABILITY {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
-constexpr int64_t kV2 = 2 * kV;       // one Vectorized<BFloat16> worth of elements
-constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn leaf
+constexpr int64_t kV2 = 2 * kV;  // one Vectorized<BFloat16> worth of elements
+constexpr int kTokenBlock = 16;  // tokens whose projection shares each fn leaf
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
-constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
+constexpr int64_t kPostSpan = 2048;        // hidden elements per mhc_post work item
 constexpr int64_t kSplitHiddenTokens = 4;  // up to this many tokens, threads split the hidden dim
 static_assert(kV == 8, "the lane-sum tree (lane_sum, lane_sums8) is written for 8 fp32 lanes");
 
@@ -104,8 +105,9 @@ inline float round_bf16(float v, BFloat16* dst) {
 // mhc_post for one token over hidden range [h0, h1).
 template <int N>
 void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
-                const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
-  // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN select.
+               const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
+  // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN
+  // select.
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = broadcast_coefficient(post[j]);
   for (int i = 0; i < N; ++i)
@@ -221,9 +223,9 @@ inline Vec load_once(const float* p) {
 // blocked fp32 GEMM. Work is split into token blocks (prefill) or span groups (decode); both only
 // decide who computes which leaves, never how.
 
-constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of kV2)
-constexpr int64_t kSplitSpans = 8;   // leaves per decode work item (and per decode pass)
-constexpr int64_t kBlockLeaves = 4;  // leaves per pass of a token block
+constexpr int64_t kSpan = 128;             // hidden positions per leaf (a multiple of kV2)
+constexpr int64_t kSplitSpans = 8;         // leaves per decode work item (and per decode pass)
+constexpr int64_t kBlockLeaves = 4;        // leaves per pass of a token block
 constexpr int64_t kParallelMacs = 100000;  // smaller decode projections run on one thread
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
@@ -243,8 +245,8 @@ inline void lane_sums8(const float* v, float* out) {
 
 // Adds `count` arrays of `width` floats, `stride` apart, pairwise into the first: level by level,
 // array j absorbs array j + step for every j that is a multiple of 2 * step. The tree depends only
-// on count (it splits at the largest power of two below count), each of the `width` sums follows it,
-// and the additions run across the width, vectorised. The arrays are overwritten.
+// on count (it splits at the largest power of two below count), each of the `width` sums follows
+// it, and the additions run across the width, vectorised. The arrays are overwritten.
 inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
   for (int64_t step = 1; step < count; step *= 2) {
     for (int64_t j = 0; j + step < count; j += 2 * step) {
@@ -404,8 +406,8 @@ void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
         constexpr int TR = decltype(tr)::value;
         const BFloat16* x[TR];
         for (int j = 0; j < TR; ++j) x[j] = xs[(r + j) * streams + i] + c0 * kSpan;
-        leaf_tile_leaves<TR, MR, kSquares>(x, f, fstride, c0, c1, p.H, first,
-                                           am + r * astride * kV, tb * astride, astride, rows - m);
+        leaf_tile_leaves<TR, MR, kSquares>(x, f, fstride, c0, c1, p.H, first, am + r * astride * kV,
+                                           tb * astride, astride, rows - m);
       };
       int r = 0;
       for (; r + 2 <= tb; r += 2) tile(r, std::integral_constant<int, 2>{});
@@ -461,8 +463,8 @@ void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, in
 
 // out = bf16(sum_i pre[i] * stream_i), then with kNorm the fused RMSNorm on float(out).
 template <int N, bool kNorm>
-void collapse(const BFloat16* const* streams, const float* pre, int64_t H,
-              const float* norm_weight, float norm_eps, BFloat16* out) {
+void collapse(const BFloat16* const* streams, const float* pre, int64_t H, const float* norm_weight,
+              float norm_eps, BFloat16* out) {
   Vec pv[N];
   const BFloat16* rows[N];  // a copy the stores to out cannot alias
   for (int i = 0; i < N; ++i) {
@@ -574,8 +576,8 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
       at::parallel_for(0, groups, small ? groups : 1, [&](int64_t begin, int64_t end) {
         for (int64_t g = begin; g < end; ++g) {
           compute_leaves(p, L, streams, 0, tb, g * kSplitSpans,
-                         std::min(L.spans, (g + 1) * kSplitSpans), 0, p.rows, true, leaves,
-                         produce, proj_row);
+                         std::min(L.spans, (g + 1) * kSplitSpans), 0, p.rows, true, leaves, produce,
+                         proj_row);
         }
       });
     }
@@ -590,8 +592,7 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
     for (int64_t b = begin; b < end; ++b) {
       const int64_t t0 = b * tb;
       const int n = static_cast<int>(std::min<int64_t>(tb, p.T - t0));
-      compute_leaves(p, L, streams, t0, n, 0, L.spans, 0, p.rows, true, leaves, produce,
-                     proj_row);
+      compute_leaves(p, L, streams, t0, n, 0, L.spans, 0, p.rows, true, leaves, produce, proj_row);
       finish_tokens(p, L, streams, t0, n, leaves, stream_row);
     }
   });
