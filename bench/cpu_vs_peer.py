@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """mhc_sp's CPU kernels against a peer build of the engines' own CPU mHC kernels.
 
 The peer library is sglang's ``hc_pre_fused_cpu`` / ``hc_post_fused_cpu`` / ``hc_head_fused_cpu``
@@ -42,23 +43,44 @@ def calls(i: dict, peer, n: int) -> dict:
     eps, iters = CFG.hc_pre_eps, CFG.sinkhorn_iters
 
     def peer_pre(residual):
-        return peer.hc_pre_fused_cpu(residual, i["fn"], i["scale"], i["base"], n, iters,
-                                     CFG.rms_eps, eps)
+        return peer.hc_pre_fused_cpu(
+            residual, i["fn"], i["scale"], i["base"], n, iters, CFG.rms_eps, eps
+        )
 
     def peer_post():
         return peer.hc_post_fused_cpu(i["x"], i["residual"], i["post"], i["comb"])
 
     return {
         "post": (lambda: ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"]), peer_post),
-        "pre": (lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], None, CFG),
-                lambda: peer_pre(i["residual"])),
-        "post_pre": (lambda: ops.mhc_post_pre(i["x"], i["residual"], i["post"], i["comb"], i["fn"],
-                                              i["scale"], i["base"], None, CFG),
-                     lambda: peer_pre(peer_post())),
-        "head": (lambda: ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"],
-                                     CFG),
-                 lambda: peer.hc_head_fused_cpu(i["residual"], i["head_fn"], i["head_scale"],
-                                                i["head_base"], CFG.hc_eps, CFG.rms_eps)),
+        "pre": (
+            lambda: ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"], None, CFG),
+            lambda: peer_pre(i["residual"]),
+        ),
+        "post_pre": (
+            lambda: ops.mhc_post_pre(
+                i["x"],
+                i["residual"],
+                i["post"],
+                i["comb"],
+                i["fn"],
+                i["scale"],
+                i["base"],
+                None,
+                CFG,
+            ),
+            lambda: peer_pre(peer_post()),
+        ),
+        "head": (
+            lambda: ops.hc_head(i["residual"], i["head_fn"], i["head_scale"], i["head_base"], CFG),
+            lambda: peer.hc_head_fused_cpu(
+                i["residual"],
+                i["head_fn"],
+                i["head_scale"],
+                i["head_base"],
+                CFG.hc_eps,
+                CFG.rms_eps,
+            ),
+        ),
     }
 
 
@@ -80,8 +102,11 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=5, help="repeats of the whole comparison")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per callable per trial")
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--shapes", default=",".join(f"{T}x{H}" for T, H in SHAPES),
-                    help="TxH,... (tokens x hidden)")
+    ap.add_argument(
+        "--shapes",
+        default=",".join(f"{T}x{H}" for T, H in SHAPES),
+        help="TxH,... (tokens x hidden)",
+    )
     ap.add_argument("--json", help="write the table here")
     args = ap.parse_args(argv)
 
@@ -99,27 +124,50 @@ def main(argv=None) -> int:
             diff = check_same_math(op, ours(), theirs())
             ratios, ours_us, peer_us = [], [], []
             for _ in range(args.trials):
-                t = time_calls({"mhc_sp": ours, "peer": theirs}, cpu, warmup=3,
-                               repeats=args.repeats)
+                t = time_calls(
+                    {"mhc_sp": ours, "peer": theirs}, cpu, warmup=3, repeats=args.repeats
+                )
                 ours_us.append(t["mhc_sp"].median * 1e6)
                 peer_us.append(t["peer"].median * 1e6)
                 ratios.append(t["peer"].median / t["mhc_sp"].median)
-            row = dict(op=op, tokens=T, hidden=H, mhc_sp_us=statistics.median(ours_us),
-                       peer_us=statistics.median(peer_us), ratio=statistics.median(ratios),
-                       ratio_min=min(ratios), ratio_max=max(ratios), max_abs_diff=diff)
+            row = dict(
+                op=op,
+                tokens=T,
+                hidden=H,
+                mhc_sp_us=statistics.median(ours_us),
+                peer_us=statistics.median(peer_us),
+                ratio=statistics.median(ratios),
+                ratio_min=min(ratios),
+                ratio_max=max(ratios),
+                max_abs_diff=diff,
+            )
             rows.append(row)
-            print(f"{op:9s} T={T:4d} H={H:5d}  mhc_sp {row['mhc_sp_us']:9.1f} us  "
-                  f"peer {row['peer_us']:9.1f} us  peer/mhc_sp {row['ratio']:.2f}x "
-                  f"[{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]", flush=True)
+            print(
+                f"{op:9s} T={T:4d} H={H:5d}  mhc_sp {row['mhc_sp_us']:9.1f} us  "
+                f"peer {row['peer_us']:9.1f} us  peer/mhc_sp {row['ratio']:.2f}x "
+                f"[{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]",
+                flush=True,
+            )
     if args.json:
         command = "python bench/cpu_vs_peer.py --peer-lib PEER_LIB " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:])
-            if a != args.peer_lib and a != "--peer-lib")
-        out = dict(kind="cpu_vs_peer", command=command.strip(), environment=dict(
-            torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
-            cpu_count=os.cpu_count(), threads=args.threads,
-            GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES"), mhc_sp_build=mhc_sp.build_info()),
-            rows=rows)
+            a
+            for a in (argv if argv is not None else sys.argv[1:])
+            if a != args.peer_lib and a != "--peer-lib"
+        )
+        out = dict(
+            kind="cpu_vs_peer",
+            command=command.strip(),
+            environment=dict(
+                torch=torch.__version__,
+                python=platform.python_version(),
+                machine=platform.machine(),
+                cpu_count=os.cpu_count(),
+                threads=args.threads,
+                GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES"),
+                mhc_sp_build=mhc_sp.build_info(),
+            ),
+            rows=rows,
+        )
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
             f.write("\n")

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Picks the CPU kernel table for the running processor (csrc/cpu/mhc_kernels.cpp is compiled
 // once per instruction set), so the library never executes an instruction the CPU lacks.
 #include "mhc_sp/kernels.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU kernels for the mHC math (DESIGN §1): bf16 in/out, fp32 math, at::vec inner loops,
 // at::parallel_for over tokens. Compiled once per CPU_CAPABILITY (see CMakeLists.txt).
 
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "mhc_sp/kernels.h"
@@ -19,10 +21,10 @@ namespace CPU_CAPABILITY {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
-constexpr int64_t kV2 = 2 * kV;       // one Vectorized<BFloat16> worth of elements
-constexpr int kTokenBlock = 16;       // tokens whose projection shares each fn leaf
+constexpr int64_t kV2 = 2 * kV;  // one Vectorized<BFloat16> worth of elements
+constexpr int kTokenBlock = 16;  // tokens whose projection shares each fn leaf
 constexpr int kMaxRows = kMaxHcMult * (kMaxHcMult + 2);
-constexpr int64_t kPostSpan = 2048;   // hidden elements per mhc_post work item
+constexpr int64_t kPostSpan = 2048;        // hidden elements per mhc_post work item
 constexpr int64_t kSplitHiddenTokens = 4;  // up to this many tokens, threads split the hidden dim
 static_assert(kV == 8, "the lane-sum tree (lane_sum, lane_sums8) is written for 8 fp32 lanes");
 
@@ -103,8 +105,9 @@ inline float round_bf16(float v, BFloat16* dst) {
 // mhc_post for one token over hidden range [h0, h1).
 template <int N>
 void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* post,
-                const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
-  // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN select.
+               const float* comb, BFloat16* out, int64_t h0, int64_t h1) {
+  // Every NaN here comes from a bf16 input or a canonical coefficient: store16 skips the NaN
+  // select.
   Vec pv[N], cv[N][N];
   for (int j = 0; j < N; ++j) pv[j] = broadcast_coefficient(post[j]);
   for (int i = 0; i < N; ++i)
@@ -220,8 +223,9 @@ inline Vec load_once(const float* p) {
 // blocked fp32 GEMM. Work is split into token blocks (prefill) or span groups (decode); both only
 // decide who computes which leaves, never how.
 
-constexpr int64_t kSpan = 128;       // hidden positions per leaf (a multiple of kV2)
-constexpr int64_t kSplitSpans = 8;   // leaves per decode work item
+constexpr int64_t kSpan = 128;             // hidden positions per leaf (a multiple of kV2)
+constexpr int64_t kSplitSpans = 8;         // leaves per decode work item (and per decode pass)
+constexpr int64_t kBlockLeaves = 4;        // leaves per pass of a token block
 constexpr int64_t kParallelMacs = 100000;  // smaller decode projections run on one thread
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
@@ -241,8 +245,8 @@ inline void lane_sums8(const float* v, float* out) {
 
 // Adds `count` arrays of `width` floats, `stride` apart, pairwise into the first: level by level,
 // array j absorbs array j + step for every j that is a multiple of 2 * step. The tree depends only
-// on count (it splits at the largest power of two below count), each of the `width` sums follows it,
-// and the additions run across the width, vectorised. The arrays are overwritten.
+// on count (it splits at the largest power of two below count), each of the `width` sums follows
+// it, and the additions run across the width, vectorised. The arrays are overwritten.
 inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
   for (int64_t step = 1; step < count; step *= 2) {
     for (int64_t j = 0; j + step < count; j += 2 * step) {
@@ -253,70 +257,122 @@ inline void tree_sum(float* v, int64_t count, int64_t stride, int64_t width) {
   }
 }
 
-// Streams [i0, i0 + ns) of a leaf for a TR x MR tile: the vector at acc + (r * astride + m) * kV
-// holds the lanes of X_r . f_m, to which this adds (or, with `first`, sets) the products over `len`
-// positions of token r's rows x[r * ns + i] and fn row m of stream i0 + i at f + m * fstride +
-// i * sstride, stream by stream; with kSquares also the squares of X_r, in the vector at
-// acc + (r * astride + sq_slot) * kV. X is bf16, widened in registers, never staged as fp32. Which
-// streams one call covers changes nothing but the loads and stores of acc: the adds are the same.
+// Adds to a[r][m] the products of `len` positions of token r's row x[r] with fn row m at
+// f + m * fstride, kV positions at a time in lane order, and with kSquares to sq[r] the squares
+// of x[r]. X is bf16, widened in registers, never staged as fp32.
 template <int TR, int MR, bool kSquares>
-inline void leaf_tile(const BFloat16* const* x, int64_t ns, const float* f, int64_t fstride,
-                      int64_t sstride, int64_t len, bool first, float* acc, int64_t astride,
-                      int64_t sq_slot) {
-  Vec a[TR][MR], sq[TR];
-  for (int r = 0; r < TR; ++r) {
-    for (int m = 0; m < MR; ++m) a[r][m] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + m) * kV);
-    if constexpr (kSquares) sq[r] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + sq_slot) * kV);
-  }
-  for (int64_t i = 0; i < ns; ++i) {
-    const float* fi = f + i * sstride;
-    int64_t k = 0;
-    for (; k + kV <= len; k += kV) {
-      Vec xv[TR];
-      for (int r = 0; r < TR; ++r) {
-        xv[r] = widen8(x[r * ns + i] + k);
-        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
-      }
-      for (int m = 0; m < MR; ++m) {
-        const Vec fv = load_once(fi + m * fstride + k);
-        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-      }
+C10_ALWAYS_INLINE void leaf_steps(Vec (&a)[TR][MR], Vec (&sq)[TR], const BFloat16* const* x,
+                                  const float* f, int64_t fstride, int64_t len) {
+  int64_t k = 0;
+  for (; k + kV <= len; k += kV) {
+    Vec xv[TR];
+    for (int r = 0; r < TR; ++r) {
+      xv[r] = widen8(x[r] + k);
+      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
     }
-    if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
-      const int rest = static_cast<int>(len - k);
-      Vec xv[TR];
-      for (int r = 0; r < TR; ++r) {
-        xv[r] = widen_partial(x[r * ns + i] + k, rest);
-        if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
-      }
-      for (int m = 0; m < MR; ++m) {
-        const Vec fv = Vec::loadu(fi + m * fstride + k, rest);
-        for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
-      }
+    for (int m = 0; m < MR; ++m) {
+      // One token: each fn vector is read once, so let it fold into the FMA.
+      const Vec fv = TR == 1 ? Vec::loadu(f + m * fstride + k) : load_once(f + m * fstride + k);
+      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
     }
   }
-  for (int r = 0; r < TR; ++r) {
-    for (int m = 0; m < MR; ++m) a[r][m].store(acc + (r * astride + m) * kV);
-    if constexpr (kSquares) sq[r].store(acc + (r * astride + sq_slot) * kV);
+  if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
+    const int rest = static_cast<int>(len - k);
+    Vec xv[TR];
+    for (int r = 0; r < TR; ++r) {
+      xv[r] = widen_partial(x[r] + k, rest);
+      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Vec fv = Vec::loadu(f + m * fstride + k, rest);
+      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+    }
   }
 }
 
-// Rows [m, m + MR) for every token: token pairs, then a single one. 2 tokens x 6 rows = 12
-// independent accumulators hide the FMA latency within 16 vector registers (2 x (4 + squares)
-// for the tile that also sums the squares).
-template <int MR, bool kSquares = false>
-inline void leaf_rows(const BFloat16* const* x, int tb, int64_t ns, const float* f,
-                      int64_t fstride, int64_t sstride, int64_t len, bool first, float* acc,
+// A TR x MR tile's accumulators: the vector at acc + (r * astride + m) * kV holds the lanes of
+// X_r . f_m, the one at acc + (r * astride + sq_slot) * kV those of X_r . X_r.
+template <int TR, int MR, bool kSquares>
+struct TileAcc {
+  Vec a[TR][MR], sq[TR];
+  C10_ALWAYS_INLINE void load(bool first, const float* acc, int64_t astride, int64_t sq_slot) {
+    for (int r = 0; r < TR; ++r) {
+      for (int m = 0; m < MR; ++m)
+        a[r][m] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + m) * kV);
+      if constexpr (kSquares)
+        sq[r] = first ? Vec(0.f) : Vec::loadu(acc + (r * astride + sq_slot) * kV);
+    }
+  }
+  C10_ALWAYS_INLINE void store(float* acc, int64_t astride, int64_t sq_slot) const {
+    for (int r = 0; r < TR; ++r) {
+      for (int m = 0; m < MR; ++m) a[r][m].store(acc + (r * astride + m) * kV);
+      if constexpr (kSquares) sq[r].store(acc + (r * astride + sq_slot) * kV);
+    }
+  }
+};
+
+// One stream of leaves [c0, c1) for a TR x MR tile, leaf after leaf; token r's row of the stream at
+// x[r] and fn row m of the stream at f + m * fstride, both at leaf c0. Leaf c's accumulators
+// are at acc + (c - c0) * cstride * kV; the stream adds to them (or, with `first`, sets them).
+template <int TR, int MR, bool kSquares>
+void leaf_tile_leaves(const BFloat16* const* x, const float* f, int64_t fstride, int64_t c0,
+                      int64_t c1, int64_t H, bool first, float* acc, int64_t cstride,
                       int64_t astride, int64_t sq_slot) {
-  int r = 0;
-  for (; r + 2 <= tb; r += 2) {
-    leaf_tile<2, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
-                               acc + r * astride * kV, astride, sq_slot);
+  auto leaves = [&](auto first_const) {
+    constexpr bool kFirst = decltype(first_const)::value;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t h = (c - c0) * kSpan, len = H - c * kSpan;
+      float* ac = acc + (c - c0) * cstride * kV;
+      const BFloat16* xc[TR];
+      for (int r = 0; r < TR; ++r) xc[r] = x[r] + h;
+      TileAcc<TR, MR, kSquares> t;
+      t.load(kFirst, ac, astride, sq_slot);
+      if (len >= kSpan) {  // a whole leaf: a loop of known length
+        leaf_steps<TR, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, kSpan);
+      } else {
+        leaf_steps<TR, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, len);
+      }
+      t.store(ac, astride, sq_slot);
+    }
+  };
+  if (first) {
+    leaves(std::true_type{});
+  } else {
+    leaves(std::false_type{});
   }
-  for (; r < tb; ++r) {
-    leaf_tile<1, MR, kSquares>(x + r * ns, ns, f, fstride, sstride, len, first,
-                               acc + r * astride * kV, astride, sq_slot);
+}
+
+// Tiles of fn rows [m0, m1), each passed to f(m, integral_constant MR, integral_constant squares):
+// with `squares`, the first tile (at most 4 rows) also sums the squares; then tiles of 6 rows
+// (2 tokens x 6 rows = 12 accumulators hide the FMA latency within 16 vector registers), 4, 2, 1.
+template <typename F>
+inline void for_row_tiles(int64_t m0, int64_t m1, bool squares, F&& f) {
+  using std::integral_constant;
+  using Sq = integral_constant<bool, true>;
+  using NoSq = integral_constant<bool, false>;
+  int64_t m = m0;
+  if (squares) {
+    switch (std::min<int64_t>(m1 - m0, 4)) {
+      case 4: f(m, integral_constant<int, 4>{}, Sq{}); break;
+      case 3: f(m, integral_constant<int, 3>{}, Sq{}); break;
+      case 2: f(m, integral_constant<int, 2>{}, Sq{}); break;
+      default: f(m, integral_constant<int, 1>{}, Sq{}); break;
+    }
+    m += std::min<int64_t>(m1 - m0, 4);
   }
+  for (; m1 - m >= 6 && m1 - m != 8; m += 6) f(m, integral_constant<int, 6>{}, NoSq{});
+  for (; m1 - m >= 4; m += 4) f(m, integral_constant<int, 4>{}, NoSq{});
+  for (; m1 - m >= 2; m += 2) f(m, integral_constant<int, 2>{}, NoSq{});
+  for (; m1 - m >= 1; m += 1) f(m, integral_constant<int, 1>{}, NoSq{});
+}
+
+// Per-thread scratch that grows to the largest request and is never freed: no allocation (or
+// zeroing) per call. `which` keeps apart buffers that are in use at the same time.
+float* scratch(int which, int64_t floats) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& b = buffers[which];
+  if (static_cast<int64_t>(b.size()) < floats) b.resize(floats);
+  return b.data();
 }
 
 // Where one token's leaves live: [spans][rows + 1], the last entry of a span its sum of squares.
@@ -326,103 +382,102 @@ struct LeafLayout {
       : spans((p.H + kSpan - 1) / kSpan), stride(p.rows + 1), token_stride(spans * (p.rows + 1)) {}
 };
 
-// Leaves [c0, c1) of tokens [0, tb), (c1 - c0) * tb <= kTokenBlock: leaf c of token r goes to
-// leaves[r * token_stride + c * stride + m] for every fn row m, and its sum of squares to m = rows;
-// token r's row of stream i at xs[r * streams + i]. Many tokens (a block): stream by stream, so
-// that the fn rows a tile reads (fn rows are a multiple of 4 KiB apart, and so share cache sets)
-// stay in L1 while every token passes over them. Few tokens (decode: fn is read once, from L2 or
-// L3): every stream in one pass per tile, in long runs over the leaves. The squares ride along
-// with the first (at most 4) rows.
+// Leaves [c0, c1) of tokens [0, tb), fn rows [m0, m1) and, with `squares`, the sums of squares:
+// leaf c of token r goes to leaves[r * token_stride + c * stride + m] for each such row m, its
+// sum of squares to m = rows; token r's row of stream i at xs[r * streams + i]. `acc` holds
+// (c1 - c0) * tb * (rows + 1) vectors: slot (c - c0) * tb + r, row m at (slot * (rows + 1) + m).
+// Stream by stream, and for each stream and row tile token pair after pair over all the leaves:
+// the fn rows a tile reads (a multiple of 4 KiB apart, so in the same cache sets) stay in L1
+// while the tokens pass over them, every token row and fn row is read in one run over the
+// leaves (which the hardware prefetcher follows), and the accumulators wait in acc between
+// streams.
 void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
-                    const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, float* leaves) {
+                    const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, int64_t m0,
+                    int64_t m1, bool squares, float* leaves, float* acc) {
   const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
-  // leaf c, token r: slot (c - c0) * tb + r; row m of a slot (m = rows: squares) is the vector at
-  // (slot * astride + m) * kV
-  float acc[kTokenBlock * (kMaxRows + 1) * kV];
-  const int64_t lead = std::min<int64_t>(rows, 4);
-  const int64_t ns = tb <= kSplitHiddenTokens ? streams : 1;  // streams per pass
-  for (int64_t i0 = 0; i0 < streams; i0 += ns) {
-    const bool first = i0 == 0;
-    // Rows [m, m + MR) of every leaf and token (with kSquares, also the squares).
-    auto tiles = [&](int64_t m, auto mr, auto squares) {
+  for (int64_t i = 0; i < streams; ++i) {
+    const bool first = i == 0;
+    for_row_tiles(m0, m1, squares, [&](int64_t m, auto mr, auto sq) {
       constexpr int MR = decltype(mr)::value;
-      constexpr bool kSquares = decltype(squares)::value;
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t h0 = c * kSpan, len = std::min(kSpan, p.H - h0);
-        const BFloat16* x[kTokenBlock * kMaxHcMult];
-        for (int r = 0; r < tb; ++r)
-          for (int64_t i = 0; i < ns; ++i) x[r * ns + i] = xs[r * streams + i0 + i] + h0;
-        leaf_rows<MR, kSquares>(x, tb, ns, p.fn + i0 * p.H + h0 + m * fstride, fstride, p.H, len,
-                                first, acc + ((c - c0) * tb * astride + m) * kV, astride, rows - m);
-      }
-    };
-    using std::integral_constant;
-    using Sq = integral_constant<bool, true>;
-    using NoSq = integral_constant<bool, false>;
-    switch (lead) {
-      case 4: tiles(0, integral_constant<int, 4>{}, Sq{}); break;
-      case 3: tiles(0, integral_constant<int, 3>{}, Sq{}); break;
-      case 2: tiles(0, integral_constant<int, 2>{}, Sq{}); break;
-      default: tiles(0, integral_constant<int, 1>{}, Sq{}); break;
-    }
-    int64_t m = lead;
-    for (; rows - m >= 6 && rows - m != 8; m += 6) tiles(m, integral_constant<int, 6>{}, NoSq{});
-    for (; rows - m >= 4; m += 4) tiles(m, integral_constant<int, 4>{}, NoSq{});
-    for (; rows - m >= 2; m += 2) tiles(m, integral_constant<int, 2>{}, NoSq{});
-    for (; rows - m >= 1; m += 1) tiles(m, integral_constant<int, 1>{}, NoSq{});
+      constexpr bool kSquares = decltype(sq)::value;
+      const float* f = p.fn + i * p.H + m * fstride + c0 * kSpan;
+      float* am = acc + m * kV;
+      auto tile = [&](int r, auto tr) {  // tokens [r, r + TR)
+        constexpr int TR = decltype(tr)::value;
+        const BFloat16* x[TR];
+        for (int j = 0; j < TR; ++j) x[j] = xs[(r + j) * streams + i] + c0 * kSpan;
+        leaf_tile_leaves<TR, MR, kSquares>(x, f, fstride, c0, c1, p.H, first, am + r * astride * kV,
+                                           tb * astride, astride, rows - m);
+      };
+      int r = 0;
+      for (; r + 2 <= tb; r += 2) tile(r, std::integral_constant<int, 2>{});
+      if (r < tb) tile(r, std::integral_constant<int, 1>{});
+    });
   }
-  float sums[kTokenBlock * (kMaxRows + 1)];
-  const int64_t vectors = (c1 - c0) * tb * astride;
-  int64_t g = 0;
-  for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
-  for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
+  // The lane sums of the rows this call made, into the leaves.
+  if (m0 == 0 && m1 == rows && squares) {  // every row: the slots' vectors are contiguous
+    float* sums = scratch(2, (c1 - c0) * tb * astride);
+    const int64_t vectors = (c1 - c0) * tb * astride;
+    int64_t g = 0;
+    for (; g + 8 <= vectors; g += 8) lane_sums8(acc + g * kV, sums + g);
+    for (; g < vectors; ++g) sums[g] = lane_sum(Vec::loadu(acc + g * kV));
+    for (int64_t c = c0; c < c1; ++c) {
+      for (int r = 0; r < tb; ++r) {
+        const float* from = sums + ((c - c0) * tb + r) * astride;
+        std::copy(from, from + astride, leaves + r * L.token_stride + c * L.stride);
+      }
+    }
+    return;
+  }
   for (int64_t c = c0; c < c1; ++c) {
     for (int r = 0; r < tb; ++r) {
-      const float* from = sums + ((c - c0) * tb + r) * astride;
-      std::copy(from, from + astride, leaves + r * L.token_stride + c * L.stride);
+      const float* v = acc + ((c - c0) * tb + r) * astride * kV;
+      float* out = leaves + r * L.token_stride + c * L.stride;
+      int64_t m = m0;
+      for (; m + 8 <= m1; m += 8) lane_sums8(v + m * kV, out + m);
+      for (; m < m1; ++m) out[m] = lane_sum(Vec::loadu(v + m * kV));
+      if (squares) out[rows] = lane_sum(Vec::loadu(v + rows * kV));
     }
   }
 }
 
-// Leaves [c0, c1) of tokens [t0, t0 + tb); leaves points at token t0's first leaf. First, token by
-// token, `produce(t, h0, h1)` makes token t's projected rows `proj_row(t, i)` ready over [h0, h1)
-// (mhc_post_pre: runs the post; a no-op when they are the input); then the projection, a few
-// leaves at a time, prefetching the next ones' rows (input rows are read here for the first time,
-// in runs of one leaf per token and stream: too many streams for the hardware prefetcher).
+// Leaves [c0, c1), rows [m0, m1) (and the squares with `squares`) of tokens [t0, t0 + tb);
+// leaves points at token t0's first leaf. First, token by token, `produce(t, h0, h1)` makes
+// token t's projected rows `proj_row(t, i)` ready over [h0, h1) (mhc_post_pre: runs the post; a
+// no-op when they are the input); then the projection, a few leaves at a time.
 template <typename Produce, typename ProjRow>
 void compute_leaves(const PreParams& p, const LeafLayout& L, int64_t streams, int64_t t0, int tb,
-                    int64_t c0, int64_t c1, float* leaves, Produce&& produce, ProjRow&& proj_row) {
+                    int64_t c0, int64_t c1, int64_t m0, int64_t m1, bool squares, float* leaves,
+                    Produce&& produce, ProjRow&& proj_row) {
   for (int r = 0; r < tb; ++r) produce(t0 + r, c0 * kSpan, std::min(p.H, c1 * kSpan));
   const BFloat16* xs[kTokenBlock * kMaxHcMult];
   for (int r = 0; r < tb; ++r)
     for (int64_t i = 0; i < streams; ++i) xs[r * streams + i] = proj_row(t0 + r, i);
-  const int64_t per_call = std::max(1, kTokenBlock / tb);
-  auto prefetch = [&](int64_t b0, int64_t b1) {
-    const int64_t h0 = b0 * kSpan, h1 = std::min(p.H, b1 * kSpan);
-    for (int64_t j = 0; j < tb * streams; ++j)
-      for (int64_t h = h0; h < h1; h += 64 / sizeof(BFloat16)) __builtin_prefetch(xs[j] + h);
-  };
-  prefetch(c0, std::min(c1, c0 + 2 * per_call));
+  const int64_t per_call = tb <= kSplitHiddenTokens ? kSplitSpans : kBlockLeaves;
+  float* acc = scratch(1, per_call * tb * (p.rows + 1) * kV);
   for (int64_t b = c0; b < c1; b += per_call) {
-    const int64_t e = std::min(c1, b + per_call), ahead = std::min(c1, e + per_call);
-    if (ahead < c1) prefetch(ahead, std::min(c1, ahead + per_call));
-    project_leaves(p, L, streams, xs, tb, b, e, leaves);
+    project_leaves(p, L, streams, xs, tb, b, std::min(c1, b + per_call), m0, m1, squares, leaves,
+                   acc);
   }
 }
 
 // out = bf16(sum_i pre[i] * stream_i), then with kNorm the fused RMSNorm on float(out).
-template <bool kNorm>
-void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64_t H,
-              const float* norm_weight, float norm_eps, BFloat16* out) {
-  Vec pv[kMaxHcMult];
-  for (int64_t i = 0; i < n; ++i) pv[i] = Vec(pre[i]);
+template <int N, bool kNorm>
+void collapse(const BFloat16* const* streams, const float* pre, int64_t H, const float* norm_weight,
+              float norm_eps, BFloat16* out) {
+  Vec pv[N];
+  const BFloat16* rows[N];  // a copy the stores to out cannot alias
+  for (int i = 0; i < N; ++i) {
+    pv[i] = Vec(pre[i]);
+    rows[i] = streams[i];
+  }
   Vec sqa(0.f), sqb(0.f);
   int64_t h = 0;
   for (; h + kV2 <= H; h += kV2) {
     Vec ya(0.f), yb(0.f);
-    for (int64_t i = 0; i < n; ++i) {
+    for (int i = 0; i < N; ++i) {
       Vec a, b;
-      load16(streams[i] + h, a, b);
+      load16(rows[i] + h, a, b);
       ya = at::vec::fmadd(pv[i], a, ya);
       yb = at::vec::fmadd(pv[i], b, yb);
     }
@@ -435,7 +490,7 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t n, int64
   float sq_tail = 0.f;
   for (; h < H; ++h) {
     float y = 0.f;
-    for (int64_t i = 0; i < n; ++i) y += pre[i] * static_cast<float>(streams[i][h]);
+    for (int i = 0; i < N; ++i) y += pre[i] * static_cast<float>(streams[i][h]);
     const float r = round_bf16(y, out + h);
     sq_tail += r * r;
   }
@@ -475,47 +530,70 @@ void finish_tokens(const PreParams& p, const LeafLayout& L, int64_t streams, int
     }
     const BFloat16* rows[kMaxHcMult];
     for (int64_t i = 0; i < p.n; ++i) rows[i] = stream_row(t, i);
-    if (p.norm_weight) {
-      collapse<true>(rows, pre, p.n, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
-    } else {
-      collapse<false>(rows, pre, p.n, p.H, nullptr, 0.f, p.out + t * p.H);
-    }
+    dispatch_hc_mult(p.n, [&](auto n_const) {
+      constexpr int N = decltype(n_const)::value;
+      if (p.norm_weight) {
+        collapse<N, true>(rows, pre, p.H, p.norm_weight, p.s.norm_eps, p.out + t * p.H);
+      } else {
+        collapse<N, false>(rows, pre, p.H, nullptr, 0.f, p.out + t * p.H);
+      }
+    });
   }
 }
 
+// `produce` of calls whose projected rows are their input.
+struct RowsReady {
+  void operator()(int64_t, int64_t, int64_t) const {}
+};
+
 // The pre of every token. Decode-size calls (T <= kSplitHiddenTokens) have too few tokens to give
-// every thread a block, so threads take groups of leaves of all tokens instead; larger calls
-// give each thread whole blocks of tokens, whose rows stay in cache from their production through
-// the projection to the collapse.
+// every thread a block. When the projected rows are the input, threads take a share of the fn
+// rows over the whole hidden dim: each thread reads the same part of fn in every call, a part
+// spread over all cache sets, so that it can stay in the thread's L2 (a share of the hidden dim
+// would fall on a fraction of the sets, fn's rows being a multiple of 4 KiB apart). Otherwise
+// threads take groups of leaves of all tokens, producing the rows they project. Larger calls
+// give each thread whole blocks of tokens, whose rows stay in cache from their production
+// through the projection to the collapse.
 template <typename Produce, typename ProjRow, typename StreamRow>
 void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&& proj_row,
                 StreamRow&& stream_row) {
   const LeafLayout L(p);
   if (p.T <= kSplitHiddenTokens) {
     const int tb = static_cast<int>(p.T);
-    std::vector<float> leaves(tb * L.token_stride);
-    const int64_t groups = (L.spans + kSplitSpans - 1) / kSplitSpans;
-    // Waking the other threads costs more than a small projection (hc_head's 4 rows at T = 1).
+    float* leaves = scratch(0, tb * L.token_stride);
+    // Waking the other threads costs more than a small projection.
     const bool small = p.T * p.rows * streams * p.H < kParallelMacs;
-    at::parallel_for(0, groups, small ? groups : 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        compute_leaves(p, L, streams, 0, tb, g * kSplitSpans,
-                       std::min(L.spans, (g + 1) * kSplitSpans), leaves.data(), produce, proj_row);
-      }
-    });
-    finish_tokens(p, L, streams, 0, tb, leaves.data(), stream_row);
+    if constexpr (std::is_same_v<std::decay_t<Produce>, RowsReady>) {
+      const int64_t parts = small ? 1 : std::clamp<int64_t>(at::get_num_threads(), 1, p.rows);
+      at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t q = begin; q < end; ++q) {
+          compute_leaves(p, L, streams, 0, tb, 0, L.spans, q * p.rows / parts,
+                         (q + 1) * p.rows / parts, q == 0, leaves, produce, proj_row);
+        }
+      });
+    } else {
+      const int64_t groups = (L.spans + kSplitSpans - 1) / kSplitSpans;
+      at::parallel_for(0, groups, small ? groups : 1, [&](int64_t begin, int64_t end) {
+        for (int64_t g = begin; g < end; ++g) {
+          compute_leaves(p, L, streams, 0, tb, g * kSplitSpans,
+                         std::min(L.spans, (g + 1) * kSplitSpans), 0, p.rows, true, leaves, produce,
+                         proj_row);
+        }
+      });
+    }
+    finish_tokens(p, L, streams, 0, tb, leaves, stream_row);
     return;
   }
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t tb = std::clamp<int64_t>((p.T + threads - 1) / threads, 1, kTokenBlock);
   const int64_t blocks = (p.T + tb - 1) / tb;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> leaves(tb * L.token_stride);
+    float* leaves = scratch(0, tb * L.token_stride);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t t0 = b * tb;
       const int n = static_cast<int>(std::min<int64_t>(tb, p.T - t0));
-      compute_leaves(p, L, streams, t0, n, 0, L.spans, leaves.data(), produce, proj_row);
-      finish_tokens(p, L, streams, t0, n, leaves.data(), stream_row);
+      compute_leaves(p, L, streams, t0, n, 0, L.spans, 0, p.rows, true, leaves, produce, proj_row);
+      finish_tokens(p, L, streams, t0, n, leaves, stream_row);
     }
   });
 }
@@ -523,7 +601,7 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
 // mhc_pre and hc_head (rows = n, no post/comb): project and collapse the input stream itself.
 void pre_from_stream(const BFloat16* residual, const PreParams& p) {
   auto row = [&](int64_t t, int64_t i) { return residual + (t * p.n + i) * p.H; };
-  pre_tokens(p, p.n, [](int64_t, int64_t, int64_t) {}, row, row);
+  pre_tokens(p, p.n, RowsReady{}, row, row);
 }
 
 void mhc_pre(const BFloat16* residual, const PreParams& p) { pre_from_stream(residual, p); }
