@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tree passes its own linters: ruff (config in pyproject.toml) over the Python, clang-format
 (.clang-format) over the C++/CUDA. scripts/bootstrap.sh installs both into .venv; a checkout
 without them skips."""
