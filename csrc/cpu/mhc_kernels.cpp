@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU kernels for the mHC math (DESIGN §1): bf16 in/out, fp32 math, at::vec inner loops,
+// CPU kernels for the mHC math (docs/design.md §1): bf16 in/out, fp32 math, at::vec inner loops,
 // at::parallel_for over tokens. Compiled once per CPU_CAPABILITY (see CMakeLists.txt).
 
 #include <ATen/Parallel.h>
