@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from mhc_sp import reference as R  # sum_partials: the rank-order sum every transport makes
+from mhc_sp.testing import pre_weights
 
 N = 4  # hc_mult: V4
 TP = [1, 2, 4, 8]
@@ -186,10 +187,7 @@ def run_replicated(sim, i, partials, T):
         [i["residual"]] * sim.world,
         [i["post"]] * sim.world,
         [i["comb"]] * sim.world,
-        i["fn"],
-        i["scale"],
-        i["base"],
-        i["norm_weight"],
+        *pre_weights(i),
         False,
         T,
         *scalars(),
@@ -201,9 +199,7 @@ def check_replicated(sim, i, partials, T, cpu_reference: bool):
 
     outs = run_replicated(sim, i, partials, T)
     x = R.sum_partials([p[:T] for p in partials])
-    want = ops.mhc_post_pre(
-        x, i["residual"], i["post"], i["comb"], i["fn"], i["scale"], i["base"], i["norm_weight"]
-    )
+    want = ops.mhc_post_pre(x, i["residual"], i["post"], i["comb"], *pre_weights(i))
     names = ("residual_out", "post", "comb", "layer_input")
     for r, out in enumerate(outs):
         for name, got, w in zip(names, out, want):
@@ -241,10 +237,7 @@ def check_sharded(sim, i, partials, T, cpu_reference: bool):
         residuals,
         posts,
         combs,
-        i["fn"],
-        i["scale"],
-        i["base"],
-        i["norm_weight"],
+        *pre_weights(i),
         True,
         T,
         *scalars(),
@@ -255,9 +248,7 @@ def check_sharded(sim, i, partials, T, cpu_reference: bool):
     for r, (res_out, post_out, comb_out, layer_input) in enumerate(outs):
         valid = max(0, min(shard, T - r * shard))
         x = R.shard_tokens(x_full, r, tp)
-        want = ops.mhc_post_pre(
-            x, residuals[r], posts[r], combs[r], i["fn"], i["scale"], i["base"], i["norm_weight"]
-        )
+        want = ops.mhc_post_pre(x, residuals[r], posts[r], combs[r], *pre_weights(i))
         for name, got, w in zip(
             ("residual_out", "post", "comb"), (res_out, post_out, comb_out), want
         ):
@@ -426,10 +417,7 @@ def check_timeout(tp, H, seed, sharded: bool):
             residuals,
             posts,
             combs,
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             sharded,
             T,
             *scalars(),
@@ -586,10 +574,7 @@ def main(argv=None) -> int:
                     residuals,
                     posts,
                     combs,
-                    i["fn"],
-                    i["scale"],
-                    i["base"],
-                    i["norm_weight"],
+                    *pre_weights(i),
                     sharded,
                     T,
                     *scalars(),

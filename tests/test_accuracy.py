@@ -9,7 +9,7 @@ import torch
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import random_inputs
+from mhc_sp.testing import head_weights, random_inputs
 
 CFG = MhcConfig()
 # The golden data's shapes, V4-Flash and V4-Pro hidden sizes, and decode.
@@ -55,7 +55,7 @@ def test_projection_error_is_at_most_torch_matmul_error():
         misses["layer_input"]["torch"] += int((fp32[2] != rounded).sum())
         values["layer_input"] += rounded.numel()
 
-        head = (i["residual"], i["head_fn"], i["head_scale"], i["head_base"])
+        head = (i["residual"], *head_weights(i))
         rounded = float64_head(*head).to(torch.bfloat16)
         misses["hidden"]["ours"] += int((ops.hc_head(*head) != rounded).sum())
         misses["hidden"]["torch"] += int((R.hc_head(*head) != rounded).sum())

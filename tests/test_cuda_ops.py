@@ -12,12 +12,13 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from mhc_sp import ops  # noqa: E402
-from mhc_sp.testing import (
+from mhc_sp.testing import (  # noqa: E402
     OPS,
     assert_close,
-    check_against_reference,  # noqa: E402
+    check_against_reference,
     check_compiled_chain,
     check_outputs,
+    pre_weights,
     random_inputs,
 )
 
@@ -122,9 +123,7 @@ def test_post_pre_equals_post_then_pre():
     fused = OPS["mhc_post_pre"].call(OPS["mhc_post_pre"].sample(i))
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     assert torch.equal(fused[0], residual)
-    for a, b in zip(
-        fused[1:], ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])
-    ):
+    for a, b in zip(fused[1:], ops.mhc_pre(residual, *pre_weights(i))):
         assert_close(a, b)
 
 

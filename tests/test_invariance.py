@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mhc_sp import ops
-from mhc_sp.testing import OPS, random_inputs
+from mhc_sp.testing import OPS, pre_weights, random_inputs
 
 TOKENS = [*range(1, 41), 255, 256, 257]
 PER_TOKEN = ("residual", "x", "post", "comb")  # the inputs with a row per token
@@ -56,12 +56,9 @@ def test_post_pre_is_post_then_pre_bitwise(T):
         i["residual"],
         i["post"],
         i["comb"],
-        i["fn"],
-        i["scale"],
-        i["base"],
-        i["norm_weight"],
+        *pre_weights(i),
     )
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
-    separate = (residual, *ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"]))
+    separate = (residual, *ops.mhc_pre(residual, *pre_weights(i)))
     for a, b in zip(fused, separate):
         assert torch.equal(a, b)

@@ -10,7 +10,7 @@ import torch
 from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
-from mhc_sp.testing import random_inputs
+from mhc_sp.testing import head_weights, pre_weights, random_inputs
 
 TP = (2, 3, 4)
 TOKENS = (3, 7, 32)
@@ -55,10 +55,7 @@ def worker_sharded_equals_replicated(rank, world):
                 i["residual"],
                 i["post"],
                 i["comb"],
-                i["fn"],
-                i["scale"],
-                i["base"],
-                i["norm_weight"],
+                *pre_weights(i),
                 group,
                 False,
                 T,
@@ -68,10 +65,7 @@ def worker_sharded_equals_replicated(rank, world):
                 shard["residual"],
                 shard["post"],
                 shard["comb"],
-                i["fn"],
-                i["scale"],
-                i["base"],
-                i["norm_weight"],
+                *pre_weights(i),
                 group,
                 True,
                 T,
@@ -85,9 +79,7 @@ def worker_sharded_equals_replicated(rank, world):
                 i["residual"],
                 i["post"],
                 i["comb"],
-                i["head_fn"],
-                i["head_scale"],
-                i["head_base"],
+                *head_weights(i),
                 group,
                 False,
                 T,
@@ -97,9 +89,7 @@ def worker_sharded_equals_replicated(rank, world):
                 shard["residual"],
                 shard["post"],
                 shard["comb"],
-                i["head_fn"],
-                i["head_scale"],
-                i["head_base"],
+                *head_weights(i),
                 group,
                 True,
                 T,
@@ -107,12 +97,8 @@ def worker_sharded_equals_replicated(rank, world):
             check_equal(sp[0], rep[0], f"{tag} fused_head hidden")
             check_equal(sp[1][:n_valid], rep[1][valid], f"{tag} fused_head residual_out")
 
-            rep = ops.fused_entry(
-                i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group, False
-            )
-            sp = ops.fused_entry(
-                i["x"], i["fn"], i["scale"], i["base"], i["norm_weight"], group, True
-            )
+            rep = ops.fused_entry(i["x"], *pre_weights(i), group, False)
+            sp = ops.fused_entry(i["x"], *pre_weights(i), group, True)
             for name, a, b in zip(("residual", "post", "comb"), sp[:3], rep[:3]):
                 check_equal(a[:n_valid], b[valid], f"{tag} fused_entry {name}")
             check_equal(sp[3], rep[3], f"{tag} fused_entry layer_input")

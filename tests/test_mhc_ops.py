@@ -17,6 +17,7 @@ from mhc_sp.testing import (
     check_against_reference,
     check_compiled_chain,
     check_outputs,
+    pre_weights,
     random_inputs,
 )
 
@@ -124,7 +125,7 @@ def test_post_pre_equals_post_then_pre():
     fused = OPS["mhc_post_pre"].call(OPS["mhc_post_pre"].sample(i))
     residual = ops.mhc_post(i["x"], i["residual"], i["post"], i["comb"])
     assert torch.equal(fused[0], residual)
-    separate = ops.mhc_pre(residual, i["fn"], i["scale"], i["base"], i["norm_weight"])
+    separate = ops.mhc_pre(residual, *pre_weights(i))
     for a, b in zip(fused[1:], separate):
         assert_close(a, b)
 

@@ -10,7 +10,7 @@ import torch
 
 from dist_harness import run_world
 from mhc_sp import ops
-from mhc_sp.testing import random_inputs
+from mhc_sp.testing import pre_weights, random_inputs
 from test_sp_ops import boundary_cases, worker_fused_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
@@ -55,10 +55,7 @@ def worker_graph_capture(rank, world):
             shard["residual"],
             shard["post"],
             shard["comb"],
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             group,
             True,
             T,

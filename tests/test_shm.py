@@ -18,7 +18,7 @@ from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import ParallelConfig
-from mhc_sp.testing import random_inputs
+from mhc_sp.testing import head_weights, pre_weights, random_inputs
 from test_sp_ops import partials_for
 
 TIMEOUT_S = 4.0  # the workspace's timeout in these worlds: a stalled peer fails within it
@@ -74,7 +74,7 @@ def back_to_back(rank, world, group, calls=1000):
         partials = partials_for(world, T, H, seed=call)
         x = R.sum_partials(partials)
         if kind == "entry_sharded":
-            proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
+            proj = pre_weights(i)
             got = ops.fused_entry(i["x"], *proj, group, True)
             full = verify and ops.mhc_pre_broadcast(i["x"], *proj)
             stream_outputs, gathered = (0, 1, 2), 3
@@ -84,16 +84,14 @@ def back_to_back(rank, world, group, calls=1000):
                 res,
                 post,
                 comb,
-                i["head_fn"],
-                i["head_scale"],
-                i["head_base"],
+                *head_weights(i),
                 group,
                 True,
                 T,
             )
             if verify:
                 stream = ops.mhc_post(x, i["residual"], i["post"], i["comb"])
-                full = (ops.hc_head(stream, i["head_fn"], i["head_scale"], i["head_base"]), stream)
+                full = (ops.hc_head(stream, *head_weights(i)), stream)
             stream_outputs, gathered = (1,), 0
         else:
             got = ops.fused_layer(
@@ -101,10 +99,7 @@ def back_to_back(rank, world, group, calls=1000):
                 res,
                 post,
                 comb,
-                i["fn"],
-                i["scale"],
-                i["base"],
-                i["norm_weight"],
+                *pre_weights(i),
                 group,
                 sharded,
                 T,
@@ -114,10 +109,7 @@ def back_to_back(rank, world, group, calls=1000):
                 i["residual"],
                 i["post"],
                 i["comb"],
-                i["fn"],
-                i["scale"],
-                i["base"],
-                i["norm_weight"],
+                *pre_weights(i),
             )
             stream_outputs, gathered = (0, 1, 2), 3
         if verify:
@@ -206,10 +198,7 @@ def worker_protocol(rank, world):
             res,
             post,
             comb,
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             group,
             True,
             T,

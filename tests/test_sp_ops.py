@@ -16,7 +16,7 @@ from dist_harness import COLLECTIVE_TIMEOUT_S, run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import assert_close, random_inputs
+from mhc_sp.testing import assert_close, head_weights, pre_weights, random_inputs
 
 CFG = MhcConfig()
 
@@ -145,9 +145,7 @@ def run_case(rank, world, group, device, case_id, case):
         residuals,
         posts,
         combs,
-        i["head_fn"],
-        i["head_scale"],
-        i["head_base"],
+        *head_weights(i),
         sharded,
         T,
         CFG.rms_eps,
@@ -159,9 +157,7 @@ def run_case(rank, world, group, device, case_id, case):
             on(residuals[rank]),
             on(posts[rank]),
             on(combs[rank]),
-            d["head_fn"],
-            d["head_scale"],
-            d["head_base"],
+            *head_weights(d),
             group,
             sharded,
             T,
@@ -212,7 +208,7 @@ def check_rank_order_bitwise(rank, world, case, out, device):
     assert same_bits(out["layer"][3][start : start + valid], alone[3])
     alone_post = run_on(device, ops.mhc_post, *stream)
     assert same_bits(out["head"][1][:valid], alone_post)
-    hidden = run_on(device, ops.hc_head, alone_post, i["head_fn"], i["head_scale"], i["head_base"])
+    hidden = run_on(device, ops.hc_head, alone_post, *head_weights(i))
     assert same_bits(out["head"][0][start : start + valid], hidden)
 
 
@@ -258,8 +254,8 @@ def check_wide_range_sums(rank, world, group, device):
             run_on(device, ops.reduce_scatter, wide32[rank], group), R.reduce_scatter(wide32)[rank]
         )
     i = random_inputs(T, n, H, seed=32)
-    proj = (i["fn"], i["scale"], i["base"], i["norm_weight"])
-    head_w = (i["head_fn"], i["head_scale"], i["head_base"])
+    proj = pre_weights(i)
+    head_w = head_weights(i)
     alone = run_on(device, ops.mhc_post_pre, total, i["residual"], i["post"], i["comb"], *proj)
     stream = run_on(device, ops.mhc_post, total, i["residual"], i["post"], i["comb"])
     hidden = run_on(device, ops.hc_head, stream, *head_w)
@@ -353,10 +349,7 @@ def worker_compiled_boundary(rank, world):
             residual,
             post,
             comb,
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             group,
             True,
             T,
@@ -484,10 +477,7 @@ def test_world_of_one_without_torch_distributed():
             i["residual"],
             i["post"],
             i["comb"],
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             group,
             sharded,
             T,
@@ -497,10 +487,7 @@ def test_world_of_one_without_torch_distributed():
             [i["residual"]],
             [i["post"]],
             [i["comb"]],
-            i["fn"],
-            i["scale"],
-            i["base"],
-            i["norm_weight"],
+            *pre_weights(i),
             sharded,
             T,
             CFG,
@@ -567,9 +554,7 @@ def test_world_of_one_without_torch_distributed():
             i["residual"][:4].contiguous(),
             i["post"][:4].contiguous(),
             i["comb"][:4].contiguous(),
-            i["head_fn"],
-            i["head_scale"],
-            i["head_base"],
+            *head_weights(i),
             group,
             False,
             T,

@@ -76,6 +76,18 @@ def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
     }
 
 
+def pre_weights(inputs: dict) -> tuple:
+    """The next sublayer's pre arguments of a :func:`random_inputs` dict, in the ops' order:
+    ``fn, scale, base, norm_weight`` (what ``mhc_pre``, ``mhc_post_pre`` and the fused boundaries
+    take after the stream)."""
+    return inputs["fn"], inputs["scale"], inputs["base"], inputs["norm_weight"]
+
+
+def head_weights(inputs: dict) -> tuple:
+    """The head's arguments of a :func:`random_inputs` dict: ``head_fn, head_scale, head_base``."""
+    return inputs["head_fn"], inputs["head_scale"], inputs["head_base"]
+
+
 # ---- the op registry -------------------------------------------------------------------------
 
 
