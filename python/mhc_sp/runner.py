@@ -41,6 +41,7 @@ from .model import (
     ModelOutput,
     RoutingTrace,
     TPContext,
+    check_gathered_stream,
     intermediate_shapes,
 )
 from .profiling import PhaseTimer
@@ -312,17 +313,9 @@ class ModelRunner:
         ids = self._check_ids(next_ids, "next_ids")
         n, H = self.engine.model.mhc.hc_mult, self.engine.model.hidden_size
         T = ids.shape[0]
-        if (
-            not isinstance(final_stream, Tensor)
-            or tuple(final_stream.shape) != (T, n * H)
-            or final_stream.dtype != torch.bfloat16
-        ):
-            raise ValueError(
-                f"final_stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
-                f"(a forward's final_stream for the {T} next_ids), got "
-                f"{getattr(final_stream, 'dtype', type(final_stream).__name__)} "
-                f"{tuple(getattr(final_stream, 'shape', ()))}"
-            )
+        check_gathered_stream(
+            "final_stream", final_stream, T, n, H, f"a forward's final_stream for the {T} next_ids"
+        )
         if last_token_indices is not None:
             last_token_indices = torch.as_tensor(last_token_indices, dtype=torch.int64)
             if (

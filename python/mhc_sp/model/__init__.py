@@ -20,6 +20,7 @@ from .model import (
     DeepseekV4MTP,
     IntermediateTensors,
     ModelOutput,
+    check_gathered_stream,
     intermediate_shapes,
     pp_layer_range,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "RowParallelLinear",
     "TPContext",
     "VocabParallelEmbedding",
+    "check_gathered_stream",
     "init_synthetic",
     "intermediate_shapes",
     "load_safetensors",

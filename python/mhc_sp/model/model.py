@@ -76,6 +76,21 @@ class ModelOutput:
     final_stream: Optional[Tensor] = None
 
 
+def check_gathered_stream(arg: str, stream, T: int, n: int, H: int, what: str) -> None:
+    """Raises ValueError naming ``arg`` unless ``stream`` is a bf16 ``(T, n*H)`` tensor: a gathered
+    pre-head stream (``what`` says which rows the caller expects)."""
+    if (
+        not isinstance(stream, Tensor)
+        or tuple(stream.shape) != (T, n * H)
+        or stream.dtype != torch.bfloat16
+    ):
+        raise ValueError(
+            f"{arg}: expected a bfloat16 tensor of shape ({T}, {n * H}) ({what}), got "
+            f"{getattr(stream, 'dtype', type(stream).__name__)} "
+            f"{tuple(getattr(stream, 'shape', ()))}"
+        )
+
+
 def gather_stream(rows: Tensor, num_tokens: int, tp: TPContext, sharded: bool) -> Tensor:
     """The final stream ``(num_tokens, n*H)`` on every rank from this rank's ``(rows, n, H)``:
     an all-gather of the token shards when ``sharded``, else the rows themselves (every rank
@@ -138,17 +153,7 @@ class DeepseekV4MTP(nn.Module):
         same on every rank; ``sharded``: this forward's SP decision."""
         n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
-        if (
-            not isinstance(stream, Tensor)
-            or tuple(stream.shape) != (T, n * H)
-            or stream.dtype != torch.bfloat16
-        ):
-            raise ValueError(
-                f"stream: expected a bfloat16 tensor of shape ({T}, {n * H}) "
-                f"(one gathered row per next token), got "
-                f"{getattr(stream, 'dtype', type(stream).__name__)} "
-                f"{tuple(getattr(stream, 'shape', ()))}"
-            )
+        check_gathered_stream("stream", stream, T, n, H, "one gathered row per next token")
         rows = ops.shard_tokens(stream, self.tp.rank, self.tp.size) if sharded else stream
         residual = rows.view(rows.shape[0], n, H)
         fn, scale, base = self.hc.args()
