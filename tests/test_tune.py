@@ -45,6 +45,8 @@ def test_verdict_ends_with_the_recommended_flag():
         "faster from 64 tokens on: 1.14x at 64 tokens, 1.50x at 256."
     )
     assert "slower at 2 of the 3 sizes measured" in lines[1]
+    lines = verdict(rows_of((1, 2), (2, 3)), 1, tp=2, max_capture=0)
+    assert "faster from 1 token on: 2.00x at 1 token, 1.50x at 4." in lines[0]
     lines = verdict(rows_of((3, 2), (5, 4)), None, tp=2, max_capture=0)
     assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
     assert lines[0].startswith(

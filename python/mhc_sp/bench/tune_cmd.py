@@ -123,9 +123,10 @@ def verdict(rows: list[dict], threshold: Optional[int], tp: int, max_capture: in
         ]
     at = next(r for r in rows if r["tokens"] == threshold)
     below = [r for r in rows if r["tokens"] < threshold and r["tokens"] > max_capture]
+    at_threshold = f"{threshold} token" + ("" if threshold == 1 else "s")
     lines = [
         f"Verdict: with SP (the stream split over {tp} ranks) a boundary is faster from "
-        f"{threshold} tokens on: {at['speedup']:.2f}x at {threshold} tokens, "
+        f"{at_threshold} on: {at['speedup']:.2f}x at {at_threshold}, "
         f"{top['speedup']:.2f}x at {top['tokens']}."
     ]
     slower = [r for r in below if r["speedup"] <= 1]
