@@ -57,8 +57,11 @@ static uint64_t now_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+static __thread long thread_id;  // cached: gettid is a system call
+
 static void record(enum kind kind, nvtxDomainHandle_t domain, char* message) {
-  struct event e = {kind, (long)syscall(SYS_gettid), now_ns(), domain ? domain->name : "", message};
+  if (!thread_id) thread_id = (long)syscall(SYS_gettid);
+  struct event e = {kind, thread_id, now_ns(), domain ? domain->name : "", message};
   pthread_mutex_lock(&lock);
   if (event_count == event_capacity) {
     const uint64_t capacity = event_capacity ? 2 * event_capacity : 4096;
@@ -229,6 +232,7 @@ static void write_at_exit(void) {
 static void forget_in_child(void) {
   pthread_mutex_init(&lock, NULL);
   event_count = 0;
+  thread_id = 0;
 }
 
 // ---- attaching ---------------------------------------------------------------------------------
