@@ -237,36 +237,42 @@ static void forget_in_child(void) {
 
 // ---- attaching ---------------------------------------------------------------------------------
 
-static void install(NvtxFunctionTable table, unsigned int size, unsigned int id,
-                    NvtxFunctionPointer fn) {
-  if (table && id < size && table[id]) *table[id] = fn;
-}
-
 #define FN(f) ((NvtxFunctionPointer)(f))
+
+// The calls this tool handles: (callback module, callback id, handler).
+static const struct handler {
+  NvtxCallbackModule module;
+  unsigned int id;
+  NvtxFunctionPointer fn;
+} handlers[] = {
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_MarkEx, FN(mark_ex)},
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_MarkA, FN(mark_a)},
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_RangePushEx, FN(push_ex)},
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_RangePushA, FN(push_a)},
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_RangePushW, FN(push_w)},
+    {NVTX_CB_MODULE_CORE, NVTX_CBID_CORE_RangePop, FN(pop)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainMarkEx, FN(domain_mark_ex)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainRangePushEx, FN(domain_push_ex)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainRangePop, FN(domain_pop)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainRegisterStringA, FN(register_string_a)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainCreateA, FN(domain_create_a)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainCreateW, FN(domain_create_w)},
+    {NVTX_CB_MODULE_CORE2, NVTX_CBID_CORE2_DomainDestroy, FN(domain_destroy)},
+};
 
 EXPORT int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {
   const NvtxExportTableCallbacks* callbacks =
       (const NvtxExportTableCallbacks*)get_export_table(NVTX_ETID_CALLBACKS);
   if (!callbacks || callbacks->struct_size < sizeof(NvtxExportTableCallbacks)) return 0;
-  NvtxFunctionTable core = NULL, core2 = NULL;
-  unsigned int core_size = 0, core2_size = 0;
-  if (!callbacks->GetModuleFunctionTable(NVTX_CB_MODULE_CORE, &core, &core_size) ||
-      !callbacks->GetModuleFunctionTable(NVTX_CB_MODULE_CORE2, &core2, &core2_size)) {
-    return 0;
+  for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]); ++i) {
+    NvtxFunctionTable table = NULL;
+    unsigned int size = 0;
+    if (!callbacks->GetModuleFunctionTable(handlers[i].module, &table, &size)) return 0;
+    // Each slot points at the NVTX copy's function pointer for that call.
+    if (table && handlers[i].id < size && table[handlers[i].id]) {
+      *table[handlers[i].id] = handlers[i].fn;
+    }
   }
-  install(core, core_size, NVTX_CBID_CORE_MarkEx, FN(mark_ex));
-  install(core, core_size, NVTX_CBID_CORE_MarkA, FN(mark_a));
-  install(core, core_size, NVTX_CBID_CORE_RangePushEx, FN(push_ex));
-  install(core, core_size, NVTX_CBID_CORE_RangePushA, FN(push_a));
-  install(core, core_size, NVTX_CBID_CORE_RangePushW, FN(push_w));
-  install(core, core_size, NVTX_CBID_CORE_RangePop, FN(pop));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainMarkEx, FN(domain_mark_ex));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainRangePushEx, FN(domain_push_ex));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainRangePop, FN(domain_pop));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainRegisterStringA, FN(register_string_a));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainCreateA, FN(domain_create_a));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainCreateW, FN(domain_create_w));
-  install(core2, core2_size, NVTX_CBID_CORE2_DomainDestroy, FN(domain_destroy));
   if (__atomic_fetch_add(&attached, 1, __ATOMIC_SEQ_CST) == 0) {
     atexit(write_at_exit);
     pthread_atfork(NULL, NULL, forget_in_child);
