@@ -343,3 +343,37 @@ def test_nvtx_record_needs_the_tool_attached(tmp_path):
     with pytest.raises(ValueError, match=r"^profile: expected one of nsys, torch, nvtx-record"):
         with profiling.profiled("perf"):
             pass
+
+
+def test_pairing_finds_unclosed_ranges_and_stray_pops():
+    """What the checks above rely on: pops pair per thread and domain, nesting gives parents, and
+    a push never popped or a pop without a push is reported, not dropped."""
+
+    def ev(kind, tid, ns, domain="mhc_sp", message=None):
+        return {"kind": kind, "tid": tid, "ns": ns, "domain": domain, "message": message}
+
+    events = [
+        ev("push", 1, 0, message="mhc_sp/outer"),
+        ev("push", 2, 1, message="mhc_sp::all_reduce"),  # another thread
+        ev("push", 1, 2, message="mhc_sp::fused_layer"),
+        ev("push", 1, 3, domain="", message="torch"),  # another domain
+        ev("pop", 1, 4),
+        ev("pop", 1, 5, domain=""),
+        ev("pop", 1, 6),
+        ev("pop", 1, 7),  # a stray pop
+    ]
+    got = profiling.nvtx_ranges(events)
+    assert [(r.name, r.depth, r.parent) for r in got.ranges] == [
+        ("mhc_sp/outer", 0, None),
+        ("mhc_sp::fused_layer", 1, 0),
+        ("torch", 0, None),
+    ]
+    assert [e["message"] for e in got.unclosed] == ["mhc_sp::all_reduce"]
+    assert [e["ns"] for e in got.unmatched_pops] == [7]
+    summary = profiling.summarize_ranges(got)
+    assert (summary["unclosed_ranges"], summary["unmatched_pops"]) == (1, 1)
+    assert {r["range"]: r["total_us"] for r in summary["ranges"]} == {
+        "mhc_sp/outer": 0.006,
+        "mhc_sp::fused_layer": 0.002,
+        "torch": 0.002,
+    }
