@@ -8,6 +8,10 @@ Switches (environment):
   CUDA_HOME                CUDA toolkit root (default /usr/local/cuda when it holds nvcc)
   MAX_JOBS                 parallel compile jobs
   MHC_SP_DEBUG=1           -O0 -g build
+  MHC_SP_NVTX=auto|0       NVTX ranges (auto: when the NVTX v3 headers are found: the nvidia-nvtx
+                           wheel that CUDA builds of torch depend on, else the CUDA toolkit's);
+                           with them the recording NVTX tool (tools/nvtx_record) is built beside
+                           the extension
 """
 
 import os
@@ -90,6 +94,32 @@ def _nccl_dirs():
     return None
 
 
+def _nvtx_include():
+    """The folder holding nvtx3/nvToolsExt.h: the nvidia-nvtx wheel's (nvidia/cu13/include,
+    nvidia/nvtx/include), else CUDA_HOME's or /usr/local/cuda's; None when there is none or
+    MHC_SP_NVTX=0."""
+    mode = os.environ.get("MHC_SP_NVTX", "auto").lower()
+    if mode not in ("auto", "0"):
+        raise RuntimeError(f"MHC_SP_NVTX must be auto or 0, got {mode!r}")
+    if mode == "0":
+        return None
+    folders = []
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            folders += sorted(Path(base).glob("*/include"))
+    except ImportError:
+        pass
+    if os.environ.get("CUDA_HOME"):
+        folders.append(Path(os.environ["CUDA_HOME"]) / "include")
+    folders.append(Path("/usr/local/cuda/include"))
+    for folder in folders:
+        if (folder / "nvtx3" / "nvToolsExt.h").is_file():
+            return folder.resolve()
+    return None
+
+
 def _tool(module_name, binary):
     """The cmake / ninja of the pip packages when installed (the system's may be too old)."""
     try:
@@ -113,6 +143,23 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    # The recording NVTX tool, built beside the module when NVTX is on (CMakeLists.txt).
+    NVTX_RECORDER = "libmhc_sp_nvtx_record.so"
+
+    def copy_extensions_to_source(self):
+        """Editable installs: the module, and the NVTX recorder built beside it (a stale one
+        goes)."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace, regular = self._get_inplace_equivalent(build_py, ext)
+            built = Path(regular).with_name(self.NVTX_RECORDER)
+            target = Path(inplace).with_name(self.NVTX_RECORDER)
+            if built.is_file():
+                self.copy_file(str(built), str(target), level=self.verbose)
+            elif target.is_file():
+                target.unlink()
+
     def build_extension(self, ext):
         import pybind11
         import torch
@@ -162,6 +209,14 @@ class CMakeBuild(build_ext):
             args += [f"-DMHC_SP_NCCL_INCLUDE={nccl[0]}", f"-DMHC_SP_NCCL_LIB={nccl[1]}"]
         else:
             args.append("-DMHC_SP_CUDA=OFF")
+        nvtx = _nvtx_include()
+        if nvtx is None:
+            print(
+                "mhc_sp: building without NVTX ranges (no NVTX v3 headers, or MHC_SP_NVTX=0)",
+                file=sys.stderr,
+            )
+        # Always passed: an empty value clears what an earlier configure cached.
+        args.append(f"-DMHC_SP_NVTX_INCLUDE={nvtx or ''}")
 
         env = dict(os.environ)
         if "MAX_JOBS" in env:

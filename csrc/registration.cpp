@@ -14,6 +14,7 @@
 
 #include "mhc_sp/comm.h"
 #include "mhc_sp/kernels.h"
+#include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"
 
 // Every schema is written out in full, one per op, so that grepping an op's name finds its whole
@@ -110,6 +111,7 @@ pybind11::dict build_info() {
   pybind11::dict info;
   info["torch_version"] = MHC_SP_TORCH_VERSION;
   info["cpu_kernels"] = mhc_sp::cpu_kernels().name;
+  info["nvtx"] = mhc_sp::kNvtxBuilt;
 #if defined(MHC_SP_WITH_CUDA)
   info["cuda"] = true;
   info["cuda_arch_list"] = MHC_SP_CUDA_ARCH_LIST;
@@ -143,7 +145,14 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("build_info", &build_info,
-        "torch version built against, CPU kernel ISA, CUDA on/off, CUDA arch list, NCCL version");
+        "torch version built against, CPU kernel ISA, NVTX ranges on/off, CUDA on/off, CUDA arch "
+        "list, NCCL version");
+  // mhc_sp.profiling.phase: Python phases as NVTX ranges in the ops' own "mhc_sp" domain, so a
+  // timeline nests them with the ops' ranges on one row (and on CPU-only torch too).
+  m.def(
+      "nvtx_push", [](const std::string& message) { mhc_sp::nvtx_push(message.c_str()); },
+      pybind11::arg("message"));
+  m.def("nvtx_pop", [] { mhc_sp::nvtx_pop(); });
 
   // Group registry, driven by mhc_sp.distributed (init / destroy).
   m.def("register_group", &mhc_sp::register_group, pybind11::arg("name"), pybind11::arg("rank"),

@@ -117,6 +117,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
 
   EntryOutputs fused_entry(const EntryArgs& a) override {
     if (!a.sharded) {
+      MHC_SP_NVTX_PHASE("fused_entry/pre");
       return mhc_pre_broadcast(a.x, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s.rms_eps,
                                a.s.hc_pre_eps, a.s.hc_sinkhorn_eps, a.s.hc_post_mult,
                                a.s.sinkhorn_iters, a.s.norm_eps);

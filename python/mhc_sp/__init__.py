@@ -17,6 +17,6 @@ __all__ = ["MhcConfig", "build_info"]
 
 
 def build_info() -> dict:
-    """How the extension was built: torch version, CPU kernel ISA, CUDA, arch list (comma-joined,
-    e.g. "9.0a,10.0a"), NCCL version."""
+    """How the extension was built: torch version, CPU kernel ISA, NVTX ranges (``nvtx``), CUDA,
+    arch list (comma-joined, e.g. "9.0a,10.0a"), NCCL version."""
     return dict(_C.build_info())

@@ -1,29 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// NVTX ranges in the "mhc_sp" domain (header-only NVTX3; a no-op unless a profiler such as nsys is
-// attached). Without the CUDA toolkit headers the ranges compile to nothing.
+// Profiler ranges. NVTX ranges in the "mhc_sp" domain (header-only NVTX v3: a no-op unless a tool
+// such as nsys is attached) when the build found the NVTX headers (MHC_SP_WITH_NVTX, set by
+// setup.py); phases are also torch.profiler ranges (at::RecordFunction), on every build.
 //
 // MHC_SP_NVTX_RANGE("op") opens `mhc_sp::op` for a whole op, once: when an op runs another op
 // (fused_layer's composed path calls mhc_post_pre), only the outermost opens a range, so every
-// range is one op call and none is counted twice. MHC_SP_NVTX_PHASE("op/phase") opens a child
-// range `mhc_sp::op/phase` for a phase of the op (e.g. fused_layer/exchange, fused_layer/gather).
+// range is one op call and none is counted twice. torch.profiler records the op itself (the
+// dispatcher does). MHC_SP_NVTX_PHASE("op/phase") opens a child range `mhc_sp::op/phase` for a
+// phase of the op (e.g. fused_layer/exchange, fused_layer/gather), in NVTX and in torch.profiler.
+// The phase names are listed in mhc_sp.profiling.FUSED_PHASES (docs/profiling-nvtx.md).
+
+#include <ATen/record_function.h>
+
+#include <string_view>
 
 namespace mhc_sp {
 // mhc_sp op ranges open on this thread.
 inline thread_local int nvtx_op_depth = 0;
 }  // namespace mhc_sp
 
-#if __has_include(<nvtx3/nvToolsExt.h>)
+#if defined(MHC_SP_WITH_NVTX)
 #include <nvtx3/nvToolsExt.h>
 
 namespace mhc_sp {
 
-struct NvtxDomainTag {
-  static constexpr const char* name{"mhc_sp"};
-};
+inline constexpr bool kNvtxBuilt = true;
 
 inline nvtxDomainHandle_t nvtx_domain() {
-  static const nvtxDomainHandle_t domain = nvtxDomainCreateA(NvtxDomainTag::name);
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("mhc_sp");
   return domain;
 }
 
@@ -41,6 +46,7 @@ inline void nvtx_pop() { nvtxDomainRangePop(nvtx_domain()); }
 }  // namespace mhc_sp
 #else
 namespace mhc_sp {
+inline constexpr bool kNvtxBuilt = false;
 inline void nvtx_push(const char*) {}
 inline void nvtx_pop() {}
 }  // namespace mhc_sp
@@ -64,12 +70,20 @@ class NvtxOpRange {
   bool open_;
 };
 
+// The torch.profiler range opens first and closes last, so the two nest the same way.
 class NvtxPhaseRange {
  public:
-  explicit NvtxPhaseRange(const char* message) { nvtx_push(message); }
+  explicit NvtxPhaseRange(const char* message) {
+    if (record_.isActive())
+      record_.before(std::string_view(message), c10::ArrayRef<const c10::IValue>{});
+    nvtx_push(message);
+  }
   ~NvtxPhaseRange() { nvtx_pop(); }
   NvtxPhaseRange(const NvtxPhaseRange&) = delete;
   NvtxPhaseRange& operator=(const NvtxPhaseRange&) = delete;
+
+ private:
+  at::RecordFunction record_{at::RecordScope::USER_SCOPE};
 };
 
 }  // namespace mhc_sp

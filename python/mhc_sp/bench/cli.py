@@ -51,6 +51,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``) and run the chosen subcommand; returns its exit
     code (argparse usage errors exit with 2 on their own)."""
     args = parse_args(argv)
+    if getattr(args, "profile", None) == "nvtx-record":
+        # NVTX looks for its tool once, at its first call: attach the recorder before any op runs,
+        # in this process and (through the environment) in every rank it spawns.
+        from ..profiling import use_nvtx_recorder
+
+        try:
+            use_nvtx_recorder()
+        except ValueError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
     return int(args.func(args) or 0)
 
 

@@ -7,6 +7,8 @@ import argparse
 
 import torch
 
+from ..profiling import PROFILERS
+
 
 def int_list(text: str) -> list[int]:
     """``"1,16,256"`` -> ``[1, 16, 256]`` (non-negative integers)."""
@@ -32,11 +34,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="write a PNG plot (needs matplotlib)")
     p.add_argument(
         "--profile",
-        choices=("nsys", "torch"),
+        choices=PROFILERS,
         help="nsys: cudaProfilerStart/Stop around the measured region (run under "
         "nsys profile --capture-range=cudaProfilerApi); torch: a torch.profiler "
-        "trace",
+        "trace; nvtx-record: a JSON summary per NVTX range (count, total, mean time), "
+        "recorded without nsys",
     )
     p.add_argument(
-        "--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)"
+        "--trace",
+        default="mhc_sp_trace.json",
+        help="--profile torch output (Chrome trace), --profile nvtx-record output (JSON)",
     )

@@ -154,13 +154,15 @@ class DeepseekV4MTP(nn.Module):
         n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
         check_gathered_stream("stream", stream, T, n, H, "one gathered row per next token")
-        rows = ops.shard_tokens(stream, self.tp.rank, self.tp.size) if sharded else stream
-        residual = rows.view(rows.shape[0], n, H)
-        fn, scale, base = self.hc.args()
-        post, comb, h = ops.mhc_pre(residual, fn, scale, base, self.hnorm.weight, self.cfg.mhc)
-        e = embed(next_ids)  # replicated (T, H); collective, so every rank calls it
-        if sharded:
-            e = ops.shard_tokens(e, self.tp.rank, self.tp.size)  # padding rows are zeros
+        with timer.phase("boundary"):
+            rows = ops.shard_tokens(stream, self.tp.rank, self.tp.size) if sharded else stream
+            residual = rows.view(rows.shape[0], n, H)
+            fn, scale, base = self.hc.args()
+            post, comb, h = ops.mhc_pre(residual, fn, scale, base, self.hnorm.weight, self.cfg.mhc)
+        with timer.phase("embed"):
+            e = embed(next_ids)  # replicated (T, H); collective, so every rank calls it
+            if sharded:
+                e = ops.shard_tokens(e, self.tp.rank, self.tp.size)  # padding rows are zeros
         x = self.eh_proj(torch.cat([self.enorm(e), h], dim=-1))
         partial, out = self.block(
             x,
@@ -177,7 +179,8 @@ class DeepseekV4MTP(nn.Module):
             )
         with timer.phase("lm_head"):
             logits = lm_head(norm(hidden))
-        final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
+        with timer.phase("boundary"):
+            final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
         return ModelOutput(logits=logits, final_stream=final)
 
 
@@ -313,7 +316,8 @@ class DeepseekV4Model(nn.Module):
             )
         with timer.phase("lm_head"):
             logits = self.lm_head(self.norm(hidden))
-        final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
+        with timer.phase("boundary"):
+            final = gather_stream(final_rows, T, self.tp, sharded) if return_final_stream else None
         return ModelOutput(logits=logits, final_stream=final)
 
     def mtp_forward(
