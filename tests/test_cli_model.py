@@ -150,14 +150,18 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
         (
-            ["--sp-threshold", "-1"],
-            "argument --sp-threshold: expected a positive integer, got '-1'",
+            ["--sp-threshold", "0"],
+            "argument --sp-threshold: expected a positive integer at most 2147483647",
+        ),
+        (
+            ["--sp-threshold", str(2**40)],
+            "argument --sp-threshold: expected a positive integer at most 2147483647 (2**31 - 1, "
+            f"the most tokens a forward can have) or None, got '{2**40}'",
         ),
         (
             ["--sp-threshold", "lots"],
-            "argument --sp-threshold: expected a positive integer, got 'lots'",
+            "argument --sp-threshold: expected a positive integer or None, got 'lots'",
         ),
         (
             ["-tp", "two"],
