@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
-from ..config import ModelConfig
+from ..config import PIPELINE_HANDOFFS, ModelConfig
 from ..ops import shard_rows
 from ..profiling import NULL_TIMER
 from .layer import DeepseekV4DecoderLayer
@@ -34,31 +34,66 @@ def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
 
 @dataclass
 class IntermediateTensors:
-    """What a pipeline stage hands to the next: the last layer's output already reduced to this
-    rank's stream rows (``x``), and the stream. Sharded: ``ceil(T / tp)`` rows each; otherwise T."""
+    """What a pipeline stage hands to the next (docs/design.md §3), on this rank's stream rows:
+    ``ceil(T / tp)`` each when sharded, else T.
 
-    x: Tensor
-    stream: MhcStream
+    * ``"stream"`` hand-off (the default, the engine's): ``stream`` is the posted residual stream
+      ``(rows, n, H)`` bf16; the stage reduced its last sublayer's output and ran ``mhc_post``,
+      and the next stage starts with ``mhc_pre``.
+    * ``"fused"`` hand-off: ``x (rows, H)`` is that reduced output and ``stream`` the
+      :class:`MhcStream` whose post is still pending; the next stage runs post and pre in one
+      pass (``mhc_post_pre``).
+    """
+
+    stream: Tensor | MhcStream
+    x: Optional[Tensor] = None
+
+    @property
+    def handoff(self) -> str:
+        """``"stream"`` or ``"fused"`` (see ``mhc_sp.config.PIPELINE_HANDOFFS``)."""
+        return "stream" if self.x is None else "fused"
 
     def tensors(self) -> list[Tensor]:
-        """``[x, residual, post, comb]``: the order in which stages send and receive them."""
-        return [self.x, *self.stream.tensors()]
+        """The tensors in the order stages send and receive them: ``[stream]`` or
+        ``[x, residual, post, comb]``."""
+        return [self.stream] if self.x is None else [self.x, *self.stream.tensors()]
+
+    @classmethod
+    def from_tensors(cls, tensors: list[Tensor]) -> "IntermediateTensors":
+        """The inverse of :meth:`tensors`."""
+        if len(tensors) == 1:
+            return cls(tensors[0])
+        return cls(MhcStream(*tensors[1:]), tensors[0])
 
 
 def intermediate_shapes(
-    cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool
-) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes of :class:`IntermediateTensors` for a forward of ``num_tokens`` (padded)
-    tokens, in ``tensors()`` order: a receiving stage computes them from the same full padded count
-    and SP decision as the sender."""
+    cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool, handoff: str = "stream"
+) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Name, shape and dtype of each :class:`IntermediateTensors` tensor for a forward of
+    ``num_tokens`` (padded) tokens, in ``tensors()`` order: a receiving stage computes them from
+    the same full padded count and SP decision as the sender."""
     rows = shard_rows(num_tokens, tp_size) if sharded else num_tokens
     n, H = cfg.mhc.hc_mult, cfg.hidden_size
+    stream = ("stream", (rows, n, H), torch.bfloat16)
+    if handoff == "stream":
+        return [stream]
     return [
-        ((rows, H), torch.bfloat16),
-        ((rows, n, H), torch.bfloat16),
-        ((rows, n), torch.float32),
-        ((rows, n, n), torch.float32),
+        ("x", (rows, H), torch.bfloat16),
+        ("residual", (rows, n, H), torch.bfloat16),
+        ("post", (rows, n), torch.float32),
+        ("comb", (rows, n, n), torch.float32),
     ]
+
+
+def check_sequence_parallel(sharded: bool, sequence_parallel: bool) -> None:
+    """Raises ValueError naming ``sharded`` when a forward asks to run sharded in a model built
+    without sequence parallelism (the engine's model gates SP on its own config)."""
+    if sharded and not sequence_parallel:
+        raise ValueError(
+            "sharded: True needs sequence parallelism enabled for this model "
+            "(sequence_parallel=True: tensor_parallel_size > 1 and sp_threshold set), "
+            "but it was built with sequence_parallel=False"
+        )
 
 
 @dataclass
@@ -127,6 +162,7 @@ class DeepseekV4MTP(nn.Module):
     ):
         super().__init__()
         self.cfg, self.tp = cfg, tp
+        self.sequence_parallel = sequence_parallel
         H, eps = cfg.hidden_size, cfg.mhc.norm_eps
         self.hc = HyperConnection(H, cfg.mhc, tp, device)
         self.hnorm = RMSNorm(H, eps, tp, device)
@@ -150,7 +186,9 @@ class DeepseekV4MTP(nn.Module):
     ) -> ModelOutput:
         """Draft logits ``(T, vocab)`` fp32 and (``return_final_stream``) this layer's gathered
         pre-head stream ``(T, n*H)``. ``stream (T, n*H)`` bf16 and ``next_ids (T,)`` int64, the
-        same on every rank; ``sharded``: this forward's SP decision."""
+        same on every rank; ``sharded``: this forward's SP decision (only with
+        ``sequence_parallel``)."""
+        check_sequence_parallel(sharded, self.sequence_parallel)
         n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
         check_gathered_stream("stream", stream, T, n, H, "one gathered row per next token")
@@ -195,7 +233,10 @@ class DeepseekV4Model(nn.Module):
         tp: this rank's TP group (registered with ``mhc_sp.distributed.init``).
         pp_rank, pp_size: pipeline stage.
         moe_backend: see ``mhc_sp.model.moe``.
-        sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP).
+        sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP, and
+            a ``sharded`` forward without it).
+        pipeline_handoff: what a stage hands the next, ``"stream"`` (the posted stream, the
+            engine's) or ``"fused"`` (see :class:`IntermediateTensors`).
         device: ``"cpu"``, ``"cuda[:i]"`` or ``"meta"`` (shapes only, no weights materialised).
         seed: seed of the synthetic weights (default ``cfg.seed``); ignored on ``"meta"``.
     """
@@ -209,16 +250,22 @@ class DeepseekV4Model(nn.Module):
         pp_size: int = 1,
         moe_backend: str = "naive",
         sequence_parallel: bool = False,
+        pipeline_handoff: str = "stream",
         device: torch.device | str = "cpu",
         seed: Optional[int] = None,
     ):
         super().__init__()
+        if pipeline_handoff not in PIPELINE_HANDOFFS:
+            raise ValueError(
+                f"pipeline_handoff: expected one of {PIPELINE_HANDOFFS}, got {pipeline_handoff!r}"
+            )
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a ModelConfig, got {type(cfg).__name__}")
         if not isinstance(tp, TPContext):
             raise TypeError(f"tp: expected a TPContext, got {type(tp).__name__}")
         self.cfg, self.tp = cfg, tp
         self.pp_rank, self.pp_size = pp_rank, pp_size
+        self.sequence_parallel, self.pipeline_handoff = sequence_parallel, pipeline_handoff
         self.layer_ids = pp_layer_range(cfg.num_layers, pp_rank, pp_size)
         self.is_first = pp_rank == 0
         self.is_last = pp_rank == pp_size - 1
@@ -260,7 +307,8 @@ class DeepseekV4Model(nn.Module):
     ) -> ModelOutput:
         """Run this stage on ``input_ids (T,)`` int64 (T = the padded count: every stage needs it).
 
-        ``sharded``: the runner's SP decision (same on every rank and stage). ``intermediate``:
+        ``sharded``: the runner's SP decision (same on every rank and stage; only with
+        ``sequence_parallel``). ``intermediate``:
         the previous stage's hand-off (required on every stage but the first).
         ``return_final_stream``: on the last stage, also return the gathered final stream
         ``(T, n*H)`` that the MTP layer drafts from (see :meth:`mtp_forward`). ``routing``:
@@ -279,6 +327,7 @@ class DeepseekV4Model(nn.Module):
         T = input_ids.shape[0]
         if T == 0:
             raise ValueError("input_ids: expected at least one token, got 0")
+        check_sequence_parallel(sharded, self.sequence_parallel)
         if self.is_first:
             if intermediate is not None:
                 raise ValueError("intermediate: the first pipeline stage takes input_ids only")
@@ -306,7 +355,10 @@ class DeepseekV4Model(nn.Module):
                     if sharded
                     else ops.all_reduce(x, self.tp.group)
                 )
-            return ModelOutput(intermediate=IntermediateTensors(x, stream))
+                if self.pipeline_handoff == "fused":
+                    return ModelOutput(intermediate=IntermediateTensors(stream, x))
+                posted = ops.mhc_post(x, *stream.tensors())
+            return ModelOutput(intermediate=IntermediateTensors(posted))
         with timer.phase("boundary"):
             hidden, final_rows = ops.fused_head(
                 x, *stream.tensors(), *self.head.args(), self.tp.group, sharded, T, self.cfg.mhc
@@ -364,10 +416,13 @@ class DeepseekV4Model(nn.Module):
                 f"intermediate: pipeline stage {self.pp_rank} needs the previous stage's "
                 f"IntermediateTensors, got {type(it).__name__}"
             )
-        expected = intermediate_shapes(self.cfg, T, self.tp.size, sharded)
-        for name, t, (shape, dtype) in zip(
-            ("x", "residual", "post", "comb"), it.tensors(), expected
-        ):
+        if it.handoff != self.pipeline_handoff:
+            raise ValueError(
+                f"intermediate: expected the {self.pipeline_handoff!r} pipeline hand-off, got "
+                f"the {it.handoff!r} one"
+            )
+        expected = intermediate_shapes(self.cfg, T, self.tp.size, sharded, it.handoff)
+        for t, (name, shape, dtype) in zip(it.tensors(), expected):
             if tuple(t.shape) != shape or t.dtype != dtype:
                 raise ValueError(
                     f"intermediate.{name}: expected {dtype} {shape} for {T} tokens "
