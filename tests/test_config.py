@@ -65,13 +65,6 @@ def test_sp_threshold_has_an_upper_bound():
         ParallelConfig(2, 1, 2**40)
 
 
-def test_pipeline_handoff():
-    assert ParallelConfig().pipeline_handoff == "stream"  # the engine's hand-off
-    assert ParallelConfig(2, 2, 4, "fused").pipeline_handoff == "fused"
-    with pytest.raises(ValueError, match="pipeline_handoff must be one of .*got 'posted'"):
-        ParallelConfig(2, 2, 4, "posted")
-
-
 @pytest.mark.parametrize(
     "field,bad",
     [("tensor_parallel_size", 0), ("pipeline_parallel_size", -1), ("tensor_parallel_size", 1.5)],

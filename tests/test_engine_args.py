@@ -122,12 +122,6 @@ def test_sp_threshold_none_is_read_as_the_engine_reads_it(text):
     assert args.sp_threshold is None and not args.create_engine_config().parallel.enable_sp
 
 
-def test_pipeline_handoff_flag():
-    assert parse().pipeline_handoff == "stream"
-    e = parse("-tp", "2", "-pp", "2", "--pipeline-handoff", "fused").create_engine_config()
-    assert e.parallel.pipeline_handoff == "fused"
-
-
 @pytest.mark.parametrize(
     "flag,value,message",
     [
@@ -141,7 +135,6 @@ def test_pipeline_handoff_flag():
             "expected a positive integer at most 2147483647 (2**31 - 1, the most tokens a "
             "forward can have) or None, got '1099511627776'",
         ),
-        ("--pipeline-handoff", "posted", "invalid choice: 'posted'"),
         ("-tp", "0", "expected a positive integer, got '0'"),
         ("--max-cudagraph-capture-size", "-1", "expected an integer >= 0, got '-1'"),
         ("--num-speculative-tokens", "x", "expected an integer >= 0, got 'x'"),
@@ -185,7 +178,6 @@ def test_help_says_what_each_flag_does():
         "--moe-backend",
         "--hidden-size",
         "--num-speculative-tokens",
-        "--pipeline-handoff",
     ):
         assert flag in text
 

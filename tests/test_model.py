@@ -12,7 +12,6 @@ from mhc_sp.config import ModelConfig
 from mhc_sp.model import (
     DeepseekV4Model,
     IntermediateTensors,
-    MhcStream,
     MoE,
     RoutingTrace,
     RowParallelLinear,
@@ -315,45 +314,30 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
             sharded=False,
             intermediate=IntermediateTensors(torch.zeros(6, 4, 96, dtype=torch.bfloat16)),
         )
-    fused = IntermediateTensors(
-        MhcStream(
-            torch.zeros(7, 4, 96, dtype=torch.bfloat16), torch.zeros(7, 4), torch.zeros(7, 4, 4)
-        ),
-        torch.zeros(7, 96, dtype=torch.bfloat16),
-    )
-    with pytest.raises(
-        ValueError, match="intermediate: expected the 'stream' pipeline hand-off, got the 'fused'"
-    ):
-        second(ids, sharded=False, intermediate=fused)
-    fused.stream.residual = torch.zeros(6, 4, 96, dtype=torch.bfloat16)
-    second_fused = DeepseekV4Model(TINY, pp_rank=1, pp_size=2, pipeline_handoff="fused")
-    with pytest.raises(
-        ValueError, match=r"intermediate.residual: expected torch.bfloat16 \(7, 4, 96\)"
-    ):
-        second_fused(ids, sharded=False, intermediate=fused)
-    with pytest.raises(ValueError, match="pipeline_handoff: expected one of"):
-        DeepseekV4Model(TINY, pipeline_handoff="posted", device="meta")
+    with pytest.raises(ValueError, match=r"intermediate.stream: expected torch.bfloat16"):
+        second(
+            ids,
+            sharded=False,
+            intermediate=IntermediateTensors(torch.zeros(7, 4, 96, dtype=torch.float32)),
+        )
 
 
-@pytest.mark.parametrize("handoff", ["stream", "fused"])
-def test_two_stages_in_one_process_are_bitwise_the_one_stage_model(world_of_one, handoff):
-    # tp = 1, pp = 2 against tp = 1, pp = 1: the hand-off happens between two stage models in
-    # this process. Both hand-offs give bitwise the same logits, final stream and drafts.
+def test_two_stages_in_one_process_are_bitwise_the_one_stage_model(world_of_one):
+    # tp = 1, pp = 2 against tp = 1, pp = 1: the first stage hands the posted stream to the
+    # second in this process. Logits, final stream and drafts are bitwise the one-stage model's
+    # (mhc_post then mhc_pre computes what mhc_post_pre computes).
     cfg = ModelConfig.tiny(num_layers=3)
     whole = DeepseekV4Model(cfg)
-    first = DeepseekV4Model(cfg, pp_rank=0, pp_size=2, pipeline_handoff=handoff)
-    last = DeepseekV4Model(cfg, pp_rank=1, pp_size=2, pipeline_handoff=handoff)
+    first = DeepseekV4Model(cfg, pp_rank=0, pp_size=2)
+    last = DeepseekV4Model(cfg, pp_rank=1, pp_size=2)
     for T in (1, 5, 16):
         ids, nxt = ids_for(T, T)
         ref = whole(ids, sharded=False, return_final_stream=True)
         it = first(ids, sharded=False).intermediate
-        n = 1 if handoff == "stream" else 4
-        assert it.handoff == handoff and len(it.tensors()) == n
-        assert [tuple(t.shape) for t in it.tensors()][-3 if n == 4 else 0] == (T, 4, 96)
+        assert it.stream.shape == (T, 4, 96) and it.stream.dtype == torch.bfloat16
         out = last(ids, sharded=False, intermediate=it, return_final_stream=True)
-        assert torch.equal(out.logits, ref.logits), (handoff, T)
-        assert torch.equal(out.final_stream, ref.final_stream), (handoff, T)
+        assert torch.equal(out.logits, ref.logits), T
+        assert torch.equal(out.final_stream, ref.final_stream), T
         d_ref = whole.mtp_forward(ref.final_stream, nxt, sharded=False)
-        assert torch.equal(
-            last.mtp_forward(out.final_stream, nxt, sharded=False).logits, d_ref.logits
-        )
+        d = last.mtp_forward(out.final_stream, nxt, sharded=False)
+        assert torch.equal(d.logits, d_ref.logits), T

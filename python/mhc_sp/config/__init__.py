@@ -3,8 +3,7 @@
 
 * ``mhc``: :class:`MhcConfig`, the mHC constants every op takes;
 * ``model``: :class:`ModelConfig`, the dimensions of the DeepSeek-V4-style model;
-* ``parallel``: :class:`ParallelConfig`, tensor / pipeline sizes, ``sp_threshold`` and the
-  pipeline hand-off;
+* ``parallel``: :class:`ParallelConfig`, tensor / pipeline sizes and ``sp_threshold``;
 * ``compilation``: :class:`PassConfig` and :class:`CompilationConfig`, the compile pass (with the
   engine's default minimum) and CUDA graph sizes;
 * ``moe``: the MoE backends and which may run with sequence parallelism;
@@ -18,7 +17,7 @@ from .engine_args import EngineArgs
 from .mhc import MhcConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP, check_moe_backend
-from .parallel import MAX_NUM_TOKENS, PIPELINE_HANDOFFS, ParallelConfig
+from .parallel import MAX_NUM_TOKENS, ParallelConfig
 
 __all__ = [
     "CompilationConfig",
@@ -28,7 +27,6 @@ __all__ = [
     "MOE_BACKEND_SUPPORTS_SP",
     "MhcConfig",
     "ModelConfig",
-    "PIPELINE_HANDOFFS",
     "ParallelConfig",
     "PassConfig",
     "check_moe_backend",

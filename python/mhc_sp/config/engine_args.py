@@ -22,7 +22,7 @@ from .compilation import CompilationConfig
 from .engine import EngineConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP
-from .parallel import MAX_NUM_TOKENS, PIPELINE_HANDOFFS, ParallelConfig
+from .parallel import MAX_NUM_TOKENS, ParallelConfig
 
 
 def positive_int(text: str) -> int:
@@ -80,7 +80,6 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     sp_threshold: Optional[int] = None
-    pipeline_handoff: str = "stream"
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 0
     moe_backend: str = "naive"
@@ -159,15 +158,6 @@ class EngineArgs:
             help="sequence parallelism: forwards of at least N tokens keep the mHC residual "
             "stream split by tokens over the tensor-parallel ranks (needs -tp > 1; None: "
             "off; `mhc-sp-bench tune` measures a good N for this machine)",
-        )
-        add(
-            par,
-            "pipeline_handoff",
-            "--pipeline-handoff",
-            choices=PIPELINE_HANDOFFS,
-            help="what a pipeline stage sends the next: stream, the posted mHC stream (as the "
-            "engine does); fused, the stream with its post pending, fused into the next "
-            "stage's pre (25%% more bytes)",
         )
         comp = parser.add_argument_group("execution")
         add(
@@ -302,7 +292,6 @@ class EngineArgs:
             self.tensor_parallel_size,
             self.pipeline_parallel_size,
             self.sp_threshold,
-            self.pipeline_handoff,
         )
         if world_size is not None and world_size != parallel.world_size:
             raise ValueError(

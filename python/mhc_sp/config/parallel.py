@@ -12,27 +12,20 @@ from ._checks import check_positive_int
 #: with int32 (``query_start_loc``), so a larger ``sp_threshold`` could never be reached.
 MAX_NUM_TOKENS = 2**31 - 1
 
-#: How a pipeline stage hands its stream to the next (docs/design.md §3). ``"stream"``: the engine's
-#: hand-off, the posted stream ``(rows, n, H)`` bf16. ``"fused"``: the reduced sublayer output and
-#: the stream with its post pending (``x, residual, post, comb``), so that the next stage runs post
-#: and pre in one pass; 25 % more bytes at H = 4096.
-PIPELINE_HANDOFFS = ("stream", "fused")
-
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor / pipeline parallel sizes, the sequence-parallel threshold and the pipeline hand-off.
+    """Tensor / pipeline parallel sizes and the sequence-parallel threshold.
 
     ``sp_threshold``: None = no SP; N in ``[1, MAX_NUM_TOKENS]`` = SP engages on forwards of at
     least N tokens, only with ``tensor_parallel_size > 1``. The model's in-forward SP reads this
     field itself, with or without ``enforce_eager`` (the compile pass's ``sp_min_token_num`` is
-    the pass's own setting and never moves it). ``pipeline_handoff``: see ``PIPELINE_HANDOFFS``.
+    the pass's own setting and never moves it).
     """
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     sp_threshold: Optional[int] = None
-    pipeline_handoff: str = "stream"
 
     def __post_init__(self):
         check_positive_int(self.tensor_parallel_size, "tensor_parallel_size")
@@ -44,11 +37,6 @@ class ParallelConfig:
                     f"sp_threshold must be at most {MAX_NUM_TOKENS} (2**31 - 1, the most tokens "
                     f"a forward can have), got {self.sp_threshold}; use None to switch SP off"
                 )
-        if self.pipeline_handoff not in PIPELINE_HANDOFFS:
-            raise ValueError(
-                f"pipeline_handoff must be one of {PIPELINE_HANDOFFS}, "
-                f"got {self.pipeline_handoff!r}"
-            )
 
     @property
     def enable_sp(self) -> bool:

@@ -60,10 +60,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         * ``reduced=False``: ``x`` is the previous sublayer's un-reduced partial → ``fused_layer``.
         * ``reduced=True``, the stream already on this rank's rows and nothing left to reduce:
 
-          - ``x`` given: it is reduced to those rows (the fused pipeline hand-off, or the MTP's
-            input projection) → ``mhc_post_pre``: ``fused_layer``'s math minus its reduction;
-          - ``x is None``: ``stream`` is a posted stream ``(rows, n, H)`` (the pipeline
-            hand-off) → ``mhc_pre``;
+          - ``x`` given: it is reduced to those rows (the MTP's input projection) →
+            ``mhc_post_pre``: ``fused_layer``'s math minus its reduction;
+          - ``x is None``: ``stream`` is a posted stream ``(rows, n, H)`` (the previous pipeline
+            stage's hand-off) → ``mhc_pre``;
 
           then the all-gather of ``layer_input`` when sharded.
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
-from ..config import PIPELINE_HANDOFFS, ModelConfig
+from ..config import ModelConfig
 from ..ops import shard_rows
 from ..profiling import NULL_TIMER
 from .layer import DeepseekV4DecoderLayer
@@ -34,55 +34,22 @@ def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
 
 @dataclass
 class IntermediateTensors:
-    """What a pipeline stage hands to the next (docs/design.md §3), on this rank's stream rows:
-    ``ceil(T / tp)`` each when sharded, else T.
+    """What a pipeline stage hands to the next (docs/design.md §3), as the engine does: the posted
+    residual stream, this rank's rows ``(rows, n, H)`` bf16 (``ceil(T / tp)`` when sharded, else
+    T). The stage has reduced its last sublayer's output and run ``mhc_post``; the next stage
+    starts with ``mhc_pre``."""
 
-    * ``"stream"`` hand-off (the default, the engine's): ``stream`` is the posted residual stream
-      ``(rows, n, H)`` bf16; the stage reduced its last sublayer's output and ran ``mhc_post``,
-      and the next stage starts with ``mhc_pre``.
-    * ``"fused"`` hand-off: ``x (rows, H)`` is that reduced output and ``stream`` the
-      :class:`MhcStream` whose post is still pending; the next stage runs post and pre in one
-      pass (``mhc_post_pre``).
-    """
-
-    stream: Tensor | MhcStream
-    x: Optional[Tensor] = None
-
-    @property
-    def handoff(self) -> str:
-        """``"stream"`` or ``"fused"`` (see ``mhc_sp.config.PIPELINE_HANDOFFS``)."""
-        return "stream" if self.x is None else "fused"
-
-    def tensors(self) -> list[Tensor]:
-        """The tensors in the order stages send and receive them: ``[stream]`` or
-        ``[x, residual, post, comb]``."""
-        return [self.stream] if self.x is None else [self.x, *self.stream.tensors()]
-
-    @classmethod
-    def from_tensors(cls, tensors: list[Tensor]) -> "IntermediateTensors":
-        """The inverse of :meth:`tensors`."""
-        if len(tensors) == 1:
-            return cls(tensors[0])
-        return cls(MhcStream(*tensors[1:]), tensors[0])
+    stream: Tensor
 
 
-def intermediate_shapes(
-    cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool, handoff: str = "stream"
-) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Name, shape and dtype of each :class:`IntermediateTensors` tensor for a forward of
-    ``num_tokens`` (padded) tokens, in ``tensors()`` order: a receiving stage computes them from
-    the same full padded count and SP decision as the sender."""
+def intermediate_shape(
+    cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool
+) -> tuple[int, int, int]:
+    """Shape of the hand-off (``IntermediateTensors.stream``, bf16) of a forward of
+    ``num_tokens`` (padded) tokens: a receiving stage computes it from the same full padded count
+    and SP decision as the sender."""
     rows = shard_rows(num_tokens, tp_size) if sharded else num_tokens
-    n, H = cfg.mhc.hc_mult, cfg.hidden_size
-    stream = ("stream", (rows, n, H), torch.bfloat16)
-    if handoff == "stream":
-        return [stream]
-    return [
-        ("x", (rows, H), torch.bfloat16),
-        ("residual", (rows, n, H), torch.bfloat16),
-        ("post", (rows, n), torch.float32),
-        ("comb", (rows, n, n), torch.float32),
-    ]
+    return (rows, cfg.mhc.hc_mult, cfg.hidden_size)
 
 
 def check_sequence_parallel(sharded: bool, sequence_parallel: bool) -> None:
@@ -235,8 +202,6 @@ class DeepseekV4Model(nn.Module):
         moe_backend: see ``mhc_sp.model.moe``.
         sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP, and
             a ``sharded`` forward without it).
-        pipeline_handoff: what a stage hands the next, ``"stream"`` (the posted stream, the
-            engine's) or ``"fused"`` (see :class:`IntermediateTensors`).
         device: ``"cpu"``, ``"cuda[:i]"`` or ``"meta"`` (shapes only, no weights materialised).
         seed: seed of the synthetic weights (default ``cfg.seed``); ignored on ``"meta"``.
     """
@@ -250,22 +215,17 @@ class DeepseekV4Model(nn.Module):
         pp_size: int = 1,
         moe_backend: str = "naive",
         sequence_parallel: bool = False,
-        pipeline_handoff: str = "stream",
         device: torch.device | str = "cpu",
         seed: Optional[int] = None,
     ):
         super().__init__()
-        if pipeline_handoff not in PIPELINE_HANDOFFS:
-            raise ValueError(
-                f"pipeline_handoff: expected one of {PIPELINE_HANDOFFS}, got {pipeline_handoff!r}"
-            )
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a ModelConfig, got {type(cfg).__name__}")
         if not isinstance(tp, TPContext):
             raise TypeError(f"tp: expected a TPContext, got {type(tp).__name__}")
         self.cfg, self.tp = cfg, tp
         self.pp_rank, self.pp_size = pp_rank, pp_size
-        self.sequence_parallel, self.pipeline_handoff = sequence_parallel, pipeline_handoff
+        self.sequence_parallel = sequence_parallel
         self.layer_ids = pp_layer_range(cfg.num_layers, pp_rank, pp_size)
         self.is_first = pp_rank == 0
         self.is_last = pp_rank == pp_size - 1
@@ -336,7 +296,8 @@ class DeepseekV4Model(nn.Module):
             stream, reduced = None, False
         else:
             self._check_intermediate(intermediate, T, sharded)
-            x, stream, reduced = intermediate.x, intermediate.stream, True
+            # The posted stream: this stage's first boundary is mhc_pre (+ the all-gather).
+            x, stream, reduced = None, intermediate.stream, True
         for layer in self.layers.values():
             x, stream = layer(
                 x,
@@ -355,8 +316,6 @@ class DeepseekV4Model(nn.Module):
                     if sharded
                     else ops.all_reduce(x, self.tp.group)
                 )
-                if self.pipeline_handoff == "fused":
-                    return ModelOutput(intermediate=IntermediateTensors(stream, x))
                 posted = ops.mhc_post(x, *stream.tensors())
             return ModelOutput(intermediate=IntermediateTensors(posted))
         with timer.phase("boundary"):
@@ -416,15 +375,10 @@ class DeepseekV4Model(nn.Module):
                 f"intermediate: pipeline stage {self.pp_rank} needs the previous stage's "
                 f"IntermediateTensors, got {type(it).__name__}"
             )
-        if it.handoff != self.pipeline_handoff:
+        shape, t = intermediate_shape(self.cfg, T, self.tp.size, sharded), it.stream
+        if not isinstance(t, Tensor) or tuple(t.shape) != shape or t.dtype != torch.bfloat16:
             raise ValueError(
-                f"intermediate: expected the {self.pipeline_handoff!r} pipeline hand-off, got "
-                f"the {it.handoff!r} one"
+                f"intermediate.stream: expected torch.bfloat16 {shape} for {T} tokens "
+                f"(sharded={sharded}, tp={self.tp.size}), got "
+                f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
             )
-        expected = intermediate_shapes(self.cfg, T, self.tp.size, sharded, it.handoff)
-        for t, (name, shape, dtype) in zip(it.tensors(), expected):
-            if tuple(t.shape) != shape or t.dtype != dtype:
-                raise ValueError(
-                    f"intermediate.{name}: expected {dtype} {shape} for {T} tokens "
-                    f"(sharded={sharded}, tp={self.tp.size}), got {t.dtype} {tuple(t.shape)}"
-                )

@@ -36,13 +36,11 @@ class CapturedCall:
         def clone(t):
             return t.clone() if t is not None else None
 
-        inter = None
-        if out.intermediate is not None:
-            inter = IntermediateTensors.from_tensors(
-                [t.clone() for t in out.intermediate.tensors()]
-            )
+        inter = out.intermediate
         return ModelOutput(
-            logits=clone(out.logits), intermediate=inter, final_stream=clone(out.final_stream)
+            logits=clone(out.logits),
+            intermediate=IntermediateTensors(inter.stream.clone()) if inter is not None else None,
+            final_stream=clone(out.final_stream),
         )
 
 

@@ -37,8 +37,7 @@ class ModelRunner:
     """Runs this rank's stage of :class:`DeepseekV4Model` under an :class:`EngineConfig`.
 
     Args:
-        engine: validated configuration (tp/pp sizes, threshold, graphs, MoE backend, drafts,
-            pipeline hand-off).
+        engine: validated configuration (tp/pp sizes, threshold, graphs, MoE backend, drafts).
         groups: from :func:`init_parallel_groups` (default: create them now).
         device: where the model lives; CUDA graphs are used only on CUDA.
         seed: synthetic weight seed (default ``engine.model.seed``).
@@ -74,7 +73,6 @@ class ModelRunner:
             pp_size=self.groups.pp_size,
             moe_backend=engine.moe_backend,
             sequence_parallel=p.enable_sp,
-            pipeline_handoff=p.pipeline_handoff,
             device=self.device,
             seed=seed,
         )
@@ -113,15 +111,9 @@ class ModelRunner:
         intermediate = None
         if self.groups.pp_rank > 0:
             with call.timer.phase("pp_recv"):
-                intermediate = recv_intermediate(
-                    self.groups,
-                    self.engine.model,
-                    plan,
-                    self.engine.parallel.pipeline_handoff,
-                    self.device,
-                )
+                intermediate = recv_intermediate(self.groups, self.engine.model, plan, self.device)
         if plan.graph_size is not None and routing is None:
-            inputs = [ids] + (intermediate.tensors() if intermediate is not None else [])
+            inputs = [ids] + ([intermediate.stream] if intermediate is not None else [])
             out = self.graphs.run(
                 ("forward", plan.graph_size, return_final_stream),
                 self._replicated_forward(return_final_stream),
@@ -188,7 +180,7 @@ class ModelRunner:
         """This stage's forward that does not shard, as a function of its inputs (for capture)."""
 
         def run(ids: Tensor, *hand_off: Tensor) -> ModelOutput:
-            inter = IntermediateTensors.from_tensors(list(hand_off)) if hand_off else None
+            inter = IntermediateTensors(hand_off[0]) if hand_off else None
             return self.model(
                 ids, sharded=False, intermediate=inter, return_final_stream=return_final_stream
             )

@@ -2,11 +2,10 @@
 """Pipeline and tensor-parallel groups, and the hand-off between pipeline stages
 (docs/design.md §3).
 
-A stage hands the next the stream rows this rank holds (``ceil(P / tp)`` of the padded count
-``P`` when sharded, else ``P``): by default the posted stream ``(rows, n, H)``, as the engine
-does; with ``ParallelConfig.pipeline_handoff="fused"`` the reduced output and the stream with
-its post pending. The receiver allocates its buffers from the same plan the sender used, so no
-shapes travel.
+A stage hands the next, as the engine does, the posted stream on the rows this rank holds:
+``(rows, n, H)`` bf16, ``rows = ceil(P / tp)`` of the padded count ``P`` when sharded, else
+``P``. The receiver allocates its buffer from the same plan the sender used, so no shape
+travels.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import torch.distributed as dist
 
 from .. import distributed as msd
 from ..config import ModelConfig, ParallelConfig
-from ..model import IntermediateTensors, TPContext, intermediate_shapes
+from ..model import IntermediateTensors, TPContext, intermediate_shape
 from .plan import ForwardPlan
 
 
@@ -78,23 +77,14 @@ def init_parallel_groups(
 
 def send_intermediate(groups: ParallelGroups, it: IntermediateTensors) -> None:
     """Send this stage's hand-off to the next stage's rank with the same TP rank."""
-    for t in it.tensors():
-        dist.send(t.contiguous(), group=groups.pp_group, group_dst=groups.pp_rank + 1)
+    dist.send(it.stream.contiguous(), group=groups.pp_group, group_dst=groups.pp_rank + 1)
 
 
 def recv_intermediate(
-    groups: ParallelGroups,
-    cfg: ModelConfig,
-    plan: ForwardPlan,
-    handoff: str,
-    device: torch.device,
+    groups: ParallelGroups, cfg: ModelConfig, plan: ForwardPlan, device: torch.device
 ) -> IntermediateTensors:
     """Receive the previous stage's hand-off of a forward planned as ``plan``."""
-    tensors = []
-    for _, shape, dtype in intermediate_shapes(
-        cfg, plan.padded_tokens, groups.tp.size, plan.sharded, handoff
-    ):
-        t = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(t, group=groups.pp_group, group_src=groups.pp_rank - 1)
-        tensors.append(t)
-    return IntermediateTensors.from_tensors(tensors)
+    shape = intermediate_shape(cfg, plan.padded_tokens, groups.tp.size, plan.sharded)
+    stream = torch.empty(shape, dtype=torch.bfloat16, device=device)
+    dist.recv(stream, group=groups.pp_group, group_src=groups.pp_rank - 1)
+    return IntermediateTensors(stream)
