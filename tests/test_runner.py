@@ -222,7 +222,6 @@ def run_engine(rank, groups, tp, pp):
 
     on = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC), groups)
     off = ModelRunner(engine(tp, pp=pp, spec=SPEC), groups)
-    on_eager = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC, eager=True), groups)
     one = ParallelGroups(TPContext(0, 1, groups.self_group), self_group=groups.self_group)
     ref = ModelRunner(engine(1, spec=SPEC), one) if on.is_last_stage else None
     sent = []  # the shape of what stage 0 hands over, per forward
@@ -242,8 +241,6 @@ def run_engine(rank, groups, tp, pp):
         da = on.propose(a.final_stream, nxt, last_token_indices=rows, routing=trace)
         b = off.forward(ids, return_final_stream=True)
         db = off.propose(b.final_stream, nxt, last_token_indices=rows, draft_tokens=da.tokens)
-        e = on_eager.forward(ids)
-        assert e.plan == a.plan, tag
         padded = -(-T // tp) * tp if T >= THRESHOLD else T
         assert a.plan == ForwardPlan(T, padded, T >= THRESHOLD), tag
         assert not b.plan.sharded and b.plan.padded_tokens == T, tag
@@ -261,11 +258,10 @@ def run_engine(rank, groups, tp, pp):
         if not on.is_last_stage:
             assert a.logits is None and a.final_stream is None and da.logits == [], tag
             n = shard_rows(a.plan.padded_tokens, tp) if a.plan.sharded else T
-            # This T's sends: on, off, on_eager; on's is the posted stream on this rank's rows.
-            assert sent[-3] == (n, 4, 96), tag
+            # This T's sends: on's, then off's; on's is the posted stream on this rank's rows.
+            assert sent[-2] == (n, 4, 96), tag
             results.append(result)
             continue
-        assert torch.equal(e.logits, a.logits), tag + " eager path"
         result["logits"] = digest(a.logits)
         result["draft_logits"] = [digest(t) for t in da.logits]
         assert a.logits.shape == (T, TINY.vocab_size), tag
@@ -298,8 +294,8 @@ def run_engine(rank, groups, tp, pp):
             diff, tol = (x - y).abs().max().item(), logits_tolerance(layers, y)
             assert diff <= tol, f"{tag} vs tp=1 {name}: max_abs_diff={diff} > {tol}"
         results.append(result)
-    if sent:  # on's hand-offs (every third) carried T rows, or ceil(T/tp) when sharded
-        assert [s[0] for s in sent[0::3]] == [3, shard_rows(-(-9 // tp) * tp, tp)]
+    if sent:  # on's hand-offs (every other) carried T rows, or ceil(T/tp) when sharded
+        assert [s[0] for s in sent[0::2]] == [3, shard_rows(-(-9 // tp) * tp, tp)]
 
     if pp == 1:
         check_padding_and_capacity(on, groups, tp)
