@@ -136,6 +136,17 @@ def test_config_errors_exit_2_with_the_message(argv, message, capsys):
     assert "Traceback" not in captured.err and captured.out == ""
 
 
+def test_enforce_eager_runs_any_threshold():
+    # --enforce-eager captures nothing, so a threshold at or below the capture size is accepted.
+    from mhc_sp.bench.model_cmd import build_engine
+
+    argv = ["model", "-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "16"]
+    engine = build_engine(cli.parse_args([*argv, "--enforce-eager"]))
+    assert engine.sp_threshold == 8 and engine.compilation.max_cudagraph_capture_size == 0
+    with pytest.raises(ValueError, match="sp_threshold=8 must be greater than"):
+        build_engine(cli.parse_args(argv))
+
+
 def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -150,14 +161,18 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--sp-threshold", "0"], "argument --sp-threshold: expected a positive integer, got '0'"),
         (
-            ["--sp-threshold", "-1"],
-            "argument --sp-threshold: expected a positive integer, got '-1'",
+            ["--sp-threshold", "0"],
+            "argument --sp-threshold: expected a positive integer at most 2147483647",
+        ),
+        (
+            ["--sp-threshold", str(2**40)],
+            "argument --sp-threshold: expected a positive integer at most 2147483647 (2**31 - 1, "
+            f"the most tokens a forward can have) or None, got '{2**40}'",
         ),
         (
             ["--sp-threshold", "lots"],
-            "argument --sp-threshold: expected a positive integer, got 'lots'",
+            "argument --sp-threshold: expected a positive integer or None, got 'lots'",
         ),
         (
             ["-tp", "two"],
@@ -179,3 +194,31 @@ def test_discovered_subcommands():
     assert all(n.endswith("_cmd") for n in names) and names == sorted(names)
     text = cli.build_parser().format_help()
     assert "model" in text and "tune" in text
+
+
+def draft_line(step, tokens, tp):
+    """The report line of a draft step with ``sp_threshold`` 2: sharded iff the step's own count
+    is at least the threshold and at least tp (the engine's draft layer), padded only then."""
+    if tokens >= 2 and tokens >= tp:
+        padded = -(-tokens // tp) * tp
+        return f"MTP draft step {step}: tokens={tokens} padded={padded} SP engaged: yes"
+    return f"MTP draft step {step}: tokens={tokens} padded={tokens} SP engaged: no"
+
+
+CHECK_MATRIX = [(tp, pp, spec) for tp in (2, 3, 4) for pp in (1, 2) for spec in (0, 2)]
+
+
+@pytest.mark.slow  # 16-65 s each on two shared cores; the default suite has the torchrun run above
+@pytest.mark.parametrize("tp,pp,spec", CHECK_MATRIX)
+def test_check_passes_for_every_engine(tp, pp, spec):
+    # 8 tokens in 3 requests at sp_threshold 2: the forward and draft step 0 shard; draft step 1
+    # (3 tokens) shards at tp 2 and 3 but not at tp 4, where it has fewer tokens than ranks.
+    argv = ["-tp", str(tp), "-pp", str(pp), "--tokens", "8", "--requests", "3"]
+    argv += ["--sp-threshold", "2", "--num-speculative-tokens", str(spec)]
+    r = bench(*argv, "--check", "--iters", "1", "--warmup", "0", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "check: PASS" in r.stdout and max_abs_diff(r.stdout) < 0.1
+    padded = -(-8 // tp) * tp
+    assert f"tokens=8 padded={padded} " in r.stdout and "SP engaged: yes" in r.stdout
+    if spec:
+        assert draft_line(0, 8, tp) in r.stdout and draft_line(1, 3, tp) in r.stdout, r.stdout

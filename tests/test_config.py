@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from mhc_sp.config import (
+    MAX_NUM_TOKENS,
     MOE_BACKEND_SUPPORTS_SP,
     CompilationConfig,
     EngineConfig,
@@ -14,6 +15,7 @@ from mhc_sp.config import (
     ModelConfig,
     ParallelConfig,
     PassConfig,
+    sequence_parallelism_threshold,
 )
 
 TINY = ModelConfig.tiny()
@@ -55,6 +57,14 @@ def test_sp_threshold_must_be_a_positive_integer(bad):
         ParallelConfig(2, 1, bad)
 
 
+def test_sp_threshold_has_an_upper_bound():
+    assert ParallelConfig(2, 1, MAX_NUM_TOKENS).sp_threshold == 2**31 - 1
+    with pytest.raises(
+        ValueError, match=r"sp_threshold must be at most 2147483647 \(2\*\*31 - 1, the most tokens"
+    ):
+        ParallelConfig(2, 1, 2**40)
+
+
 @pytest.mark.parametrize(
     "field,bad",
     [("tensor_parallel_size", 0), ("pipeline_parallel_size", -1), ("tensor_parallel_size", 1.5)],
@@ -75,9 +85,15 @@ def test_threshold_at_or_below_capture_size_is_refused_with_tp(sp, max_graph):
         f"max_cudagraph_capture_size={max_graph} with tensor_parallel_size=2",
     ):
         engine(tp=2, sp=sp, max_graph=max_graph)
-    # The rule holds under enforce_eager too: it is stated for any tp > 1 config.
-    with pytest.raises(ValueError, match="SP must never engage on a captured size"):
-        engine(tp=2, sp=sp, max_graph=max_graph, eager=True)
+
+
+@pytest.mark.parametrize("sp,max_graph", [(8, 16), (8, 8), (1, 512)])
+def test_enforce_eager_captures_nothing_so_any_threshold_is_accepted(sp, max_graph):
+    # As in the engine: enforce_eager sets the capture size to 0, so the refusal cannot fire.
+    e = engine(tp=2, sp=sp, max_graph=max_graph, eager=True)
+    assert e.compilation.max_cudagraph_capture_size == 0
+    assert e.compilation.cudagraph_capture_sizes() == [] and not e.use_cudagraphs
+    assert e.sp_threshold == sp and e.parallel.enable_sp
 
 
 def test_threshold_above_capture_size_or_tp1_is_accepted():
@@ -138,19 +154,14 @@ def test_enforce_eager_maps_nothing_and_uses_the_eager_path():
 
 
 def test_explicit_pass_config_rules():
-    # The pass switched on by hand, sp_threshold unset: the pass is validated, but the in-forward
-    # SP stays off because parallel.enable_sp is False.
-    e = engine(tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=12), max_graph=8)
-    assert e.compilation.pass_config.enable_sp and e.sp_threshold is None
-    with pytest.raises(
-        ValueError, match="pass_config.enable_sp=True needs pass_config.sp_min_token_num"
-    ):
-        engine(tp=2, pass_config=PassConfig(enable_sp=True))
-    with pytest.raises(
-        ValueError,
-        match="pass_config.sp_min_token_num=8 must be greater than max_cudagraph_capture_size=8",
-    ):
-        engine(tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=8), max_graph=8)
+    # The pass switched on by hand, sp_threshold unset: the pass keeps its own minimum (at or
+    # below the capture size too, as the engine accepts it), but the in-forward SP stays off
+    # because parallel.enable_sp is False.
+    for minimum in (12, 8, 1):
+        e = engine(
+            tp=2, pass_config=PassConfig(enable_sp=True, sp_min_token_num=minimum), max_graph=8
+        )
+        assert e.compilation.pass_config == PassConfig(True, minimum) and e.sp_threshold is None
     with pytest.raises(ValueError, match="sp_min_token_num must be a positive integer, got 0"):
         PassConfig(sp_min_token_num=0)
     with pytest.raises(ValueError, match="enable_sp must be None, True or False, got 1"):
@@ -158,6 +169,49 @@ def test_explicit_pass_config_rules():
     # The threshold sets a min even when the user switched the pass on without one.
     e = engine(tp=2, sp=5, pass_config=PassConfig(enable_sp=True))
     assert e.compilation.pass_config.sp_min_token_num == 5 and e.sp_threshold == 5
+
+
+def test_pass_without_a_minimum_takes_the_engines_default_or_switches_off(monkeypatch):
+    import mhc_sp.config.engine as engine_module
+
+    # No CUDA device (or a hidden size below the engine's minimum): no default exists, so the
+    # pass is switched off with the engine's warning, never an error.
+    monkeypatch.setattr(engine_module, "cuda_device_capability", lambda: None)
+    with pytest.warns(UserWarning, match="Model hidden_size too small for the SP threshold"):
+        e = engine(tp=2, pass_config=PassConfig(enable_sp=True))
+    assert e.compilation.pass_config == PassConfig(False, None)
+    # On a Hopper GPU with hidden 8192 the default is 8 MiB per GPU of bf16 rows: 512 * tp.
+    monkeypatch.setattr(engine_module, "cuda_device_capability", lambda: 90)
+    wide = ModelConfig.tiny(hidden_size=8192, num_heads=64)
+    e = engine(tp=4, pass_config=PassConfig(enable_sp=True), model=wide)
+    assert e.compilation.pass_config == PassConfig(True, 2048)
+    with pytest.warns(UserWarning, match="hidden_size too small"):  # 96 < 8192
+        assert not engine(
+            tp=4, pass_config=PassConfig(enable_sp=True)
+        ).compilation.pass_config.enable_sp
+    # tp = 1: the engine switches the pass off with a warning.
+    with pytest.warns(UserWarning, match="Sequence Parallelism requires TP>1, disabling"):
+        e = engine(tp=1, pass_config=PassConfig(enable_sp=True, sp_min_token_num=8))
+    assert e.compilation.pass_config == PassConfig(False, 8)
+
+
+@pytest.mark.parametrize(
+    "hidden,tp,capability,expected",
+    [
+        (8192, 2, 90, 1024),  # 8 MiB * 2 // (8192 * 2 bytes)
+        (8192, 8, 90, 4096),
+        (7168, 8, 90, None),  # V4-Pro's hidden size is below the minimum
+        (4096, 4, 90, None),  # V4-Flash's too
+        (8192, 2, 100, 4096),  # Blackwell: 32 MiB per GPU
+        (8192, 2, 103, 4096),  # every Blackwell variant counts as 100
+        (16384, 4, 100, 4096),
+        (8192, 2, 80, None),  # no table for Ampere
+        (8192, 2, 120, None),
+        (8192, 2, None, None),  # not CUDA
+    ],
+)
+def test_engines_default_minimum(hidden, tp, capability, expected):
+    assert sequence_parallelism_threshold(hidden, tp, 2, capability) == expected
 
 
 # ---- MoE backend ---------------------------------------------------------------------------

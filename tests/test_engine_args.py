@@ -108,13 +108,33 @@ def test_threshold_at_or_below_the_capture_size_is_a_value_error():
     )
 
 
+def test_enforce_eager_accepts_any_threshold():
+    # --enforce-eager captures nothing (capture size 0), so the refusal above cannot fire.
+    e = parse(
+        "-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "16", "--enforce-eager"
+    ).create_engine_config()
+    assert e.parallel.sp_threshold == 8 and e.compilation.max_cudagraph_capture_size == 0
+
+
+@pytest.mark.parametrize("text", ["None", ""])
+def test_sp_threshold_none_is_read_as_the_engine_reads_it(text):
+    args = parse("-tp", "2", "--sp-threshold", "4", "--sp-threshold", text)
+    assert args.sp_threshold is None and not args.create_engine_config().parallel.enable_sp
+
+
 @pytest.mark.parametrize(
     "flag,value,message",
     [
-        ("--sp-threshold", "0", "expected a positive integer, got '0'"),
-        ("--sp-threshold", "-4", "expected a positive integer, got '-4'"),
-        ("--sp-threshold", "many", "expected a positive integer, got 'many'"),
-        ("--sp-threshold", "2.5", "expected a positive integer, got '2.5'"),
+        ("--sp-threshold", "0", "expected a positive integer at most 2147483647"),
+        ("--sp-threshold", "-4", "expected a positive integer at most 2147483647"),
+        ("--sp-threshold", "many", "expected a positive integer or None, got 'many'"),
+        ("--sp-threshold", "2.5", "expected a positive integer or None, got '2.5'"),
+        (
+            "--sp-threshold",
+            "1099511627776",
+            "expected a positive integer at most 2147483647 (2**31 - 1, the most tokens a "
+            "forward can have) or None, got '1099511627776'",
+        ),
         ("-tp", "0", "expected a positive integer, got '0'"),
         ("--max-cudagraph-capture-size", "-1", "expected an integer >= 0, got '-1'"),
         ("--num-speculative-tokens", "x", "expected an integer >= 0, got 'x'"),

@@ -12,7 +12,6 @@ from mhc_sp.config import ModelConfig
 from mhc_sp.model import (
     DeepseekV4Model,
     IntermediateTensors,
-    MhcStream,
     MoE,
     RoutingTrace,
     RowParallelLinear,
@@ -265,10 +264,18 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
     assert draft.logits.shape == (7, 240) and draft.final_stream.shape == (7, 4 * 96)
     assert torch.isfinite(out.logits).all() and torch.isfinite(draft.logits).all()
     assert not torch.equal(draft.final_stream, out.final_stream)
-    # Sharded on a world of one is the same computation.
-    sh = model(ids, sharded=True, return_final_stream=True)
+    # Sharded on a world of one is the same computation (in a model built for SP).
+    sp_model = DeepseekV4Model(TINY, sequence_parallel=True)
+    sh = sp_model(ids, sharded=True, return_final_stream=True)
     assert torch.equal(sh.logits, out.logits) and torch.equal(sh.final_stream, out.final_stream)
-    assert torch.equal(model.mtp_forward(out.final_stream, nxt, sharded=True).logits, draft.logits)
+    sh_draft = sp_model.mtp_forward(out.final_stream, nxt, sharded=True)
+    assert torch.equal(sh_draft.logits, draft.logits)
+    # The model gates SP itself: a sharded forward in a model built without it is refused.
+    message = "sharded: True needs sequence parallelism enabled for this model"
+    with pytest.raises(ValueError, match=message):
+        model(ids, sharded=True)
+    with pytest.raises(ValueError, match=message):
+        model.mtp_forward(out.final_stream, nxt, sharded=True)
     # The MTP sees the next tokens and the stream: change either, other draft logits.
     other_ids = model.mtp_forward(out.final_stream, (nxt + 1) % 240, sharded=False)
     assert not torch.equal(other_ids.logits, draft.logits)
@@ -299,13 +306,38 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
         ValueError, match="intermediate: pipeline stage 1 needs the previous stage's"
     ):
         second(ids, sharded=False)
-    bad = IntermediateTensors(
-        torch.zeros(7, 96, dtype=torch.bfloat16),
-        MhcStream(
-            torch.zeros(6, 4, 96, dtype=torch.bfloat16), torch.zeros(7, 4), torch.zeros(7, 4, 4)
-        ),
-    )
     with pytest.raises(
-        ValueError, match=r"intermediate.residual: expected torch.bfloat16 \(7, 4, 96\)"
+        ValueError, match=r"intermediate.stream: expected torch.bfloat16 \(7, 4, 96\)"
     ):
-        second(ids, sharded=False, intermediate=bad)
+        second(
+            ids,
+            sharded=False,
+            intermediate=IntermediateTensors(torch.zeros(6, 4, 96, dtype=torch.bfloat16)),
+        )
+    with pytest.raises(ValueError, match=r"intermediate.stream: expected torch.bfloat16"):
+        second(
+            ids,
+            sharded=False,
+            intermediate=IntermediateTensors(torch.zeros(7, 4, 96, dtype=torch.float32)),
+        )
+
+
+def test_two_stages_in_one_process_are_bitwise_the_one_stage_model(world_of_one):
+    # tp = 1, pp = 2 against tp = 1, pp = 1: the first stage hands the posted stream to the
+    # second in this process. Logits, final stream and drafts are bitwise the one-stage model's
+    # (mhc_post then mhc_pre computes what mhc_post_pre computes).
+    cfg = ModelConfig.tiny(num_layers=3)
+    whole = DeepseekV4Model(cfg)
+    first = DeepseekV4Model(cfg, pp_rank=0, pp_size=2)
+    last = DeepseekV4Model(cfg, pp_rank=1, pp_size=2)
+    for T in (1, 5, 16):
+        ids, nxt = ids_for(T, T)
+        ref = whole(ids, sharded=False, return_final_stream=True)
+        it = first(ids, sharded=False).intermediate
+        assert it.stream.shape == (T, 4, 96) and it.stream.dtype == torch.bfloat16
+        out = last(ids, sharded=False, intermediate=it, return_final_stream=True)
+        assert torch.equal(out.logits, ref.logits), T
+        assert torch.equal(out.final_stream, ref.final_stream), T
+        d_ref = whole.mtp_forward(ref.final_stream, nxt, sharded=False)
+        d = last.mtp_forward(out.final_stream, nxt, sharded=False)
+        assert torch.equal(d.logits, d_ref.logits), T

@@ -318,12 +318,14 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
     so what is compared is the arithmetic of each step, not near-tie choices."""
     import dataclasses
 
-    from ..config import ParallelConfig
+    from ..config import ParallelConfig, PassConfig
     from ..model import RoutingTrace, TPContext
     from ..runner import ModelRunner, ParallelGroups, logits_tolerance
 
     one = ParallelGroups(TPContext(0, 1, groups.self_group), self_group=groups.self_group)
-    ref_engine = dataclasses.replace(engine, parallel=ParallelConfig())
+    # tp = 1 without the compile pass (the engine switches it off at tp = 1, with a warning).
+    ref_compilation = dataclasses.replace(engine.compilation, pass_config=PassConfig())
+    ref_engine = dataclasses.replace(engine, parallel=ParallelConfig(), compilation=ref_compilation)
     ref = ModelRunner(ref_engine, one, device)
     free = RoutingTrace()
     ref.forward(ids, routing=free)

@@ -4,29 +4,31 @@
 * ``mhc``: :class:`MhcConfig`, the mHC constants every op takes;
 * ``model``: :class:`ModelConfig`, the dimensions of the DeepSeek-V4-style model;
 * ``parallel``: :class:`ParallelConfig`, tensor / pipeline sizes and ``sp_threshold``;
-* ``compilation``: :class:`PassConfig` and :class:`CompilationConfig`, the compile pass and CUDA
-  graph sizes;
+* ``compilation``: :class:`PassConfig` and :class:`CompilationConfig`, the compile pass (with the
+  engine's default minimum) and CUDA graph sizes;
 * ``moe``: the MoE backends and which may run with sequence parallelism;
 * ``engine``: :class:`EngineConfig`, all of them validated together;
 * ``engine_args``: :class:`EngineArgs`, command-line flags to an ``EngineConfig``.
 """
 
-from .compilation import CompilationConfig, PassConfig
+from .compilation import CompilationConfig, PassConfig, sequence_parallelism_threshold
 from .engine import EngineConfig
 from .engine_args import EngineArgs
 from .mhc import MhcConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP, check_moe_backend
-from .parallel import ParallelConfig
+from .parallel import MAX_NUM_TOKENS, ParallelConfig
 
 __all__ = [
     "CompilationConfig",
     "EngineArgs",
     "EngineConfig",
+    "MAX_NUM_TOKENS",
     "MOE_BACKEND_SUPPORTS_SP",
     "MhcConfig",
     "ModelConfig",
     "ParallelConfig",
     "PassConfig",
     "check_moe_backend",
+    "sequence_parallelism_threshold",
 ]

@@ -5,14 +5,23 @@ together with the rules of sequence parallelism."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 from ._checks import check_non_negative_int
-from .compilation import CompilationConfig, PassConfig
+from .compilation import (
+    CompilationConfig,
+    PassConfig,
+    cuda_device_capability,
+    sequence_parallelism_threshold,
+)
 from .model import ModelConfig
 from .moe import check_moe_backend
 from .parallel import ParallelConfig
+
+#: Bytes of one activation element: the model computes in bfloat16.
+BF16_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -21,12 +30,17 @@ class EngineConfig:
 
     * Shapes that TP splits must divide by ``tensor_parallel_size``; every pipeline stage needs a
       layer.
-    * ``sp_threshold <= max_cudagraph_capture_size`` with tp > 1 is refused: SP must never engage
-      on a size that is captured as a CUDA graph.
+    * ``enforce_eager`` captures nothing: ``max_cudagraph_capture_size`` becomes 0, as in the
+      engine.
+    * With SP enabled, ``sp_threshold <= max_cudagraph_capture_size`` is refused: SP must never
+      engage on a captured size (never fires under ``enforce_eager``, whose capture size is 0).
     * When not ``enforce_eager`` and SP is enabled, the compile pass is switched on
       (``pass_config.enable_sp=True``) and given ``sp_min_token_num=sp_threshold`` unless it has
-      one. Under ``enforce_eager`` the pass is left alone. Either way the model's in-forward SP
-      follows ``parallel.sp_threshold`` and engages only when ``parallel.enable_sp``.
+      one. The pass is then resolved as the engine resolves it: switched off with a warning at
+      tp = 1; an unset ``sp_min_token_num`` takes the engine's default
+      (``sequence_parallelism_threshold``), and where there is none the pass is switched off
+      with a warning. The model's in-forward SP follows ``parallel.sp_threshold`` and engages
+      only when ``parallel.enable_sp``, whatever the pass says.
     * A MoE backend that is not valid on a token shard is refused when ``parallel.enable_sp``.
     * ``num_speculative_tokens``: MTP draft steps per forward (0: none; needs an MTP layer).
     """
@@ -68,6 +82,10 @@ class EngineConfig:
                 f"pipeline_parallel_size={pp} (every stage needs a layer)"
             )
 
+        if self.enforce_eager and self.compilation.max_cudagraph_capture_size:
+            self._replace(
+                compilation=dataclasses.replace(self.compilation, max_cudagraph_capture_size=0)
+            )
         max_graph = self.compilation.max_cudagraph_capture_size
         if p.enable_sp and p.sp_threshold <= max_graph:
             raise ValueError(
@@ -75,26 +93,7 @@ class EngineConfig:
                 f"max_cudagraph_capture_size={max_graph} with "
                 f"tensor_parallel_size={tp}: SP must never engage on a captured size"
             )
-
-        pc = self.compilation.pass_config
-        if not self.enforce_eager and p.enable_sp:
-            minimum = pc.sp_min_token_num if pc.sp_min_token_num is not None else p.sp_threshold
-            pc = PassConfig(enable_sp=True, sp_min_token_num=minimum)
-            object.__setattr__(
-                self, "compilation", dataclasses.replace(self.compilation, pass_config=pc)
-            )
-        if not self.enforce_eager and pc.enable_sp and tp > 1:
-            if pc.sp_min_token_num is None:
-                raise ValueError(
-                    "pass_config.enable_sp=True needs pass_config.sp_min_token_num "
-                    "(or set parallel.sp_threshold)"
-                )
-            if pc.sp_min_token_num <= max_graph:
-                raise ValueError(
-                    f"pass_config.sp_min_token_num={pc.sp_min_token_num} must be "
-                    f"greater than max_cudagraph_capture_size={max_graph}: SP must "
-                    f"never engage on a captured size"
-                )
+        self._resolve_pass_config()
 
         check_moe_backend(self.moe_backend, p.enable_sp)
         check_non_negative_int(self.num_speculative_tokens, "num_speculative_tokens")
@@ -103,6 +102,37 @@ class EngineConfig:
                 f"num_speculative_tokens={self.num_speculative_tokens} needs an MTP "
                 f"layer (model.num_mtp_layers=0)"
             )
+
+    def _replace(self, **changes) -> None:
+        """Set fields of this frozen config while it is being validated."""
+        for name, value in changes.items():
+            object.__setattr__(self, name, value)
+
+    def _resolve_pass_config(self) -> None:
+        """Map ``sp_threshold`` into the compile pass (not under ``enforce_eager``), then resolve
+        the pass as the engine does."""
+        p, pc = self.parallel, self.compilation.pass_config
+        if not self.enforce_eager and p.enable_sp:
+            minimum = pc.sp_min_token_num if pc.sp_min_token_num is not None else p.sp_threshold
+            pc = PassConfig(enable_sp=True, sp_min_token_num=minimum)
+        if pc.enable_sp:
+            tp = p.tensor_parallel_size
+            if tp == 1:
+                warnings.warn("Sequence Parallelism requires TP>1, disabling", stacklevel=4)
+                pc = dataclasses.replace(pc, enable_sp=False)
+            elif pc.sp_min_token_num is None:
+                minimum = sequence_parallelism_threshold(
+                    self.model.hidden_size, tp, BF16_BYTES, cuda_device_capability()
+                )
+                if minimum is None:
+                    warnings.warn(
+                        "Model hidden_size too small for the SP threshold heuristic, disabling. "
+                        "To force SP, set pass_config.sp_min_token_num manually.",
+                        stacklevel=4,
+                    )
+                pc = PassConfig(enable_sp=minimum is not None, sp_min_token_num=minimum)
+        if pc != self.compilation.pass_config:
+            self._replace(compilation=dataclasses.replace(self.compilation, pass_config=pc))
 
     @property
     def sp_threshold(self) -> Optional[int]:
@@ -113,5 +143,6 @@ class EngineConfig:
 
     @property
     def use_cudagraphs(self) -> bool:
-        """CUDA graphs are on (they are only used on CUDA devices)."""
-        return not self.enforce_eager and self.compilation.max_cudagraph_capture_size > 0
+        """CUDA graphs are on (they are only used on CUDA devices; never under ``enforce_eager``,
+        whose capture size is 0)."""
+        return self.compilation.max_cudagraph_capture_size > 0

@@ -22,7 +22,7 @@ from .compilation import CompilationConfig
 from .engine import EngineConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP
-from .parallel import ParallelConfig
+from .parallel import MAX_NUM_TOKENS, ParallelConfig
 
 
 def positive_int(text: str) -> int:
@@ -33,6 +33,25 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def optional_token_count(text: str) -> Optional[int]:
+    """argparse type: an integer in ``[1, MAX_NUM_TOKENS]``, or None for ``"None"`` or ``""``
+    (the engine's optional integers read those two as None)."""
+    if text in ("", "None"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or None, got {text!r}"
+        ) from None
+    if not 1 <= value <= MAX_NUM_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer at most {MAX_NUM_TOKENS} (2**31 - 1, the most tokens "
+            f"a forward can have) or None, got {text!r}"
+        )
     return value
 
 
@@ -134,11 +153,11 @@ class EngineArgs:
             par,
             "sp_threshold",
             "--sp-threshold",
-            type=positive_int,
+            type=optional_token_count,
             metavar="N",
             help="sequence parallelism: forwards of at least N tokens keep the mHC residual "
-            "stream split by tokens over the tensor-parallel ranks (needs -tp > 1; "
-            "`mhc-sp-bench tune` measures a good N for this machine)",
+            "stream split by tokens over the tensor-parallel ranks (needs -tp > 1; None: "
+            "off; `mhc-sp-bench tune` measures a good N for this machine)",
         )
         comp = parser.add_argument_group("execution")
         add(
@@ -270,7 +289,9 @@ class EngineArgs:
         torchrun); it must equal tensor x pipeline parallel size. Raises ValueError (or
         NotImplementedError for a MoE backend SP cannot use) naming the offending values."""
         parallel = ParallelConfig(
-            self.tensor_parallel_size, self.pipeline_parallel_size, self.sp_threshold
+            self.tensor_parallel_size,
+            self.pipeline_parallel_size,
+            self.sp_threshold,
         )
         if world_size is not None and world_size != parallel.world_size:
             raise ValueError(

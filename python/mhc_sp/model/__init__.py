@@ -21,7 +21,7 @@ from .model import (
     IntermediateTensors,
     ModelOutput,
     check_gathered_stream,
-    intermediate_shapes,
+    intermediate_shape,
     pp_layer_range,
 )
 from .moe import MoE, RoutingTrace
@@ -50,7 +50,7 @@ __all__ = [
     "VocabParallelEmbedding",
     "check_gathered_stream",
     "init_synthetic",
-    "intermediate_shapes",
+    "intermediate_shape",
     "load_safetensors",
     "pp_layer_range",
     "rms_norm",

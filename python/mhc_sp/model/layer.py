@@ -46,49 +46,51 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.moe = MoE(cfg, tp, device, moe_backend, sequence_parallel)
 
     def attention_boundary(
-        self, x: Tensor, stream: MhcStream | None, *, num_tokens: int, sharded: bool, reduced: bool
+        self,
+        x: Tensor | None,
+        stream: MhcStream | Tensor | None,
+        *,
+        num_tokens: int,
+        sharded: bool,
+        reduced: bool,
     ) -> tuple[MhcStream, Tensor]:
-        """The boundary into this layer's attention, in one of three forms:
+        """The boundary into this layer's attention, in one of four forms:
 
         * ``stream is None``: ``x`` is the replicated embedding output ``(T, H)`` → ``fused_entry``.
         * ``reduced=False``: ``x`` is the previous sublayer's un-reduced partial → ``fused_layer``.
-        * ``reduced=True``: ``x`` is already reduced to this rank's stream rows (a pipeline stage
-          hand-off or the MTP's input projection) → ``mhc_post_pre`` on those rows, then the
-          all-gather of ``layer_input`` when sharded: the same math as ``fused_layer`` minus its
-          reduction.
+        * ``reduced=True``, the stream already on this rank's rows and nothing left to reduce:
+
+          - ``x`` given: it is reduced to those rows (the MTP's input projection) →
+            ``mhc_post_pre``: ``fused_layer``'s math minus its reduction;
+          - ``x is None``: ``stream`` is a posted stream ``(rows, n, H)`` (the previous pipeline
+            stage's hand-off) → ``mhc_pre``;
+
+          then the all-gather of ``layer_input`` when sharded.
 
         Returns the new stream and the gathered attention input ``(num_tokens, H)``.
         """
         fn, scale, base = self.attn_hc.args()
-        group, mhc = self.tp.group, self.cfg.mhc
+        group, mhc, norm = self.tp.group, self.cfg.mhc, self.attn_norm.weight
         if stream is None:
-            res, post, comb, li = ops.fused_entry(
-                x, fn, scale, base, self.attn_norm.weight, group, sharded, mhc
-            )
-        elif not reduced:
+            res, post, comb, li = ops.fused_entry(x, fn, scale, base, norm, group, sharded, mhc)
+            return MhcStream(res, post, comb), li
+        if not reduced:
             res, post, comb, li = ops.fused_layer(
-                x,
-                *stream.tensors(),
-                fn,
-                scale,
-                base,
-                self.attn_norm.weight,
-                group,
-                sharded,
-                num_tokens,
-                mhc,
+                x, *stream.tensors(), fn, scale, base, norm, group, sharded, num_tokens, mhc
             )
+            return MhcStream(res, post, comb), li
+        if x is None:
+            res = stream
+            post, comb, li = ops.mhc_pre(res, fn, scale, base, norm, mhc)
         else:
-            res, post, comb, li = ops.mhc_post_pre(
-                x, *stream.tensors(), fn, scale, base, self.attn_norm.weight, mhc
-            )
-            li = ops.all_gather(li, group, num_tokens) if sharded else li[:num_tokens]
+            res, post, comb, li = ops.mhc_post_pre(x, *stream.tensors(), fn, scale, base, norm, mhc)
+        li = ops.all_gather(li, group, num_tokens) if sharded else li[:num_tokens]
         return MhcStream(res, post, comb), li
 
     def forward(
         self,
-        x: Tensor,
-        stream: MhcStream | None,
+        x: Tensor | None,
+        stream: MhcStream | Tensor | None,
         *,
         num_tokens: int,
         sharded: bool,

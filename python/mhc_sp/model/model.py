@@ -34,31 +34,33 @@ def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
 
 @dataclass
 class IntermediateTensors:
-    """What a pipeline stage hands to the next: the last layer's output already reduced to this
-    rank's stream rows (``x``), and the stream. Sharded: ``ceil(T / tp)`` rows each; otherwise T."""
+    """What a pipeline stage hands to the next (docs/design.md §3), as the engine does: the posted
+    residual stream, this rank's rows ``(rows, n, H)`` bf16 (``ceil(T / tp)`` when sharded, else
+    T). The stage has reduced its last sublayer's output and run ``mhc_post``; the next stage
+    starts with ``mhc_pre``."""
 
-    x: Tensor
-    stream: MhcStream
-
-    def tensors(self) -> list[Tensor]:
-        """``[x, residual, post, comb]``: the order in which stages send and receive them."""
-        return [self.x, *self.stream.tensors()]
+    stream: Tensor
 
 
-def intermediate_shapes(
+def intermediate_shape(
     cfg: ModelConfig, num_tokens: int, tp_size: int, sharded: bool
-) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes of :class:`IntermediateTensors` for a forward of ``num_tokens`` (padded)
-    tokens, in ``tensors()`` order: a receiving stage computes them from the same full padded count
+) -> tuple[int, int, int]:
+    """Shape of the hand-off (``IntermediateTensors.stream``, bf16) of a forward of
+    ``num_tokens`` (padded) tokens: a receiving stage computes it from the same full padded count
     and SP decision as the sender."""
     rows = shard_rows(num_tokens, tp_size) if sharded else num_tokens
-    n, H = cfg.mhc.hc_mult, cfg.hidden_size
-    return [
-        ((rows, H), torch.bfloat16),
-        ((rows, n, H), torch.bfloat16),
-        ((rows, n), torch.float32),
-        ((rows, n, n), torch.float32),
-    ]
+    return (rows, cfg.mhc.hc_mult, cfg.hidden_size)
+
+
+def check_sequence_parallel(sharded: bool, sequence_parallel: bool) -> None:
+    """Raises ValueError naming ``sharded`` when a forward asks to run sharded in a model built
+    without sequence parallelism (the engine's model gates SP on its own config)."""
+    if sharded and not sequence_parallel:
+        raise ValueError(
+            "sharded: True needs sequence parallelism enabled for this model "
+            "(sequence_parallel=True: tensor_parallel_size > 1 and sp_threshold set), "
+            "but it was built with sequence_parallel=False"
+        )
 
 
 @dataclass
@@ -127,6 +129,7 @@ class DeepseekV4MTP(nn.Module):
     ):
         super().__init__()
         self.cfg, self.tp = cfg, tp
+        self.sequence_parallel = sequence_parallel
         H, eps = cfg.hidden_size, cfg.mhc.norm_eps
         self.hc = HyperConnection(H, cfg.mhc, tp, device)
         self.hnorm = RMSNorm(H, eps, tp, device)
@@ -150,7 +153,9 @@ class DeepseekV4MTP(nn.Module):
     ) -> ModelOutput:
         """Draft logits ``(T, vocab)`` fp32 and (``return_final_stream``) this layer's gathered
         pre-head stream ``(T, n*H)``. ``stream (T, n*H)`` bf16 and ``next_ids (T,)`` int64, the
-        same on every rank; ``sharded``: this forward's SP decision."""
+        same on every rank; ``sharded``: this forward's SP decision (only with
+        ``sequence_parallel``)."""
+        check_sequence_parallel(sharded, self.sequence_parallel)
         n, H = self.cfg.mhc.hc_mult, self.cfg.hidden_size
         T = next_ids.shape[0]
         check_gathered_stream("stream", stream, T, n, H, "one gathered row per next token")
@@ -198,7 +203,8 @@ class DeepseekV4Model(nn.Module):
         tp: this rank's TP group (registered with ``mhc_sp.distributed.init``).
         pp_rank, pp_size: pipeline stage.
         moe_backend: see ``mhc_sp.model.moe``.
-        sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP).
+        sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP, and
+            a ``sharded`` forward without it).
         device: ``"cpu"``, ``"cuda[:i]"`` or ``"meta"`` (shapes only, no weights materialised).
         seed: seed of the synthetic weights (default ``cfg.seed``); ignored on ``"meta"``.
     """
@@ -222,6 +228,7 @@ class DeepseekV4Model(nn.Module):
             raise TypeError(f"tp: expected a TPContext, got {type(tp).__name__}")
         self.cfg, self.tp = cfg, tp
         self.pp_rank, self.pp_size = pp_rank, pp_size
+        self.sequence_parallel = sequence_parallel
         self.layer_ids = pp_layer_range(cfg.num_layers, pp_rank, pp_size)
         self.is_first = pp_rank == 0
         self.is_last = pp_rank == pp_size - 1
@@ -263,7 +270,8 @@ class DeepseekV4Model(nn.Module):
     ) -> ModelOutput:
         """Run this stage on ``input_ids (T,)`` int64 (T = the padded count: every stage needs it).
 
-        ``sharded``: the runner's SP decision (same on every rank and stage). ``intermediate``:
+        ``sharded``: the runner's SP decision (same on every rank and stage; only with
+        ``sequence_parallel``). ``intermediate``:
         the previous stage's hand-off (required on every stage but the first).
         ``return_final_stream``: on the last stage, also return the gathered final stream
         ``(T, n*H)`` that the MTP layer drafts from (see :meth:`mtp_forward`). ``routing``:
@@ -282,6 +290,7 @@ class DeepseekV4Model(nn.Module):
         T = input_ids.shape[0]
         if T == 0:
             raise ValueError("input_ids: expected at least one token, got 0")
+        check_sequence_parallel(sharded, self.sequence_parallel)
         if self.is_first:
             if intermediate is not None:
                 raise ValueError("intermediate: the first pipeline stage takes input_ids only")
@@ -290,7 +299,8 @@ class DeepseekV4Model(nn.Module):
             stream, reduced = None, False
         else:
             self._check_intermediate(intermediate, T, sharded)
-            x, stream, reduced = intermediate.x, intermediate.stream, True
+            # The posted stream: this stage's first boundary is mhc_pre (+ the all-gather).
+            x, stream, reduced = None, intermediate.stream, True
         for layer in self.layers.values():
             x, stream = layer(
                 x,
@@ -309,7 +319,8 @@ class DeepseekV4Model(nn.Module):
                     if sharded
                     else ops.all_reduce(x, self.tp.group)
                 )
-            return ModelOutput(intermediate=IntermediateTensors(x, stream))
+                posted = ops.mhc_post(x, *stream.tensors())
+            return ModelOutput(intermediate=IntermediateTensors(posted))
         with timer.phase("boundary"):
             hidden, final_rows = ops.fused_head(
                 x, *stream.tensors(), *self.head.args(), self.tp.group, sharded, T, self.cfg.mhc
@@ -368,12 +379,10 @@ class DeepseekV4Model(nn.Module):
                 f"intermediate: pipeline stage {self.pp_rank} needs the previous stage's "
                 f"IntermediateTensors, got {type(it).__name__}"
             )
-        expected = intermediate_shapes(self.cfg, T, self.tp.size, sharded)
-        for name, t, (shape, dtype) in zip(
-            ("x", "residual", "post", "comb"), it.tensors(), expected
-        ):
-            if tuple(t.shape) != shape or t.dtype != dtype:
-                raise ValueError(
-                    f"intermediate.{name}: expected {dtype} {shape} for {T} tokens "
-                    f"(sharded={sharded}, tp={self.tp.size}), got {t.dtype} {tuple(t.shape)}"
-                )
+        shape, t = intermediate_shape(self.cfg, T, self.tp.size, sharded), it.stream
+        if not isinstance(t, Tensor) or tuple(t.shape) != shape or t.dtype != torch.bfloat16:
+            raise ValueError(
+                f"intermediate.stream: expected torch.bfloat16 {shape} for {T} tokens "
+                f"(sharded={sharded}, tp={self.tp.size}), got "
+                f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+            )
