@@ -46,7 +46,20 @@ def test_default_sizes_hold_a_v4_pro_prefill_and_decode():
     for world in (2, 4, 8):
         need = _C.symm_exchange_layout("fused_layer", True, 8192, 8192, 7168, 2, world)["need"]
         assert need <= C["default_half_bytes"]
-    assert 16 * 7168 * 2 <= C["default_mailbox_slot_bytes"]
+    assert 16 * 7168 * 2 + 16 <= C["default_mailbox_slot_bytes"]  # rows and the call's tag
+    assert (
+        _C.symm_path(
+            "fused_layer",
+            False,
+            16,
+            16,
+            8192,
+            8,
+            C["default_mailbox_slot_bytes"],
+            C["default_half_bytes"],
+        )
+        == "lamport"
+    )
 
 
 def test_flag_words_are_distinct_per_block_and_source():
@@ -125,6 +138,9 @@ def test_paths():
     assert path("fused_layer", True, 8192, 7168, world=1) == "fallback"  # 2 x 117 MB > 192 MiB
     assert path("fused_layer", True, 100, 4100) == "fallback"
     assert path("all_gather", False, 100, 4) == "fallback"  # 8-byte rows: not 16-byte vectors
+    # A slot holds the rows and, in its last 16 bytes, the call's tag.
+    assert _C.symm_path("all_reduce", False, 1, 1, 64, 2, 128 + 128, half) == "lamport"
+    assert _C.symm_path("all_reduce", False, 1, 1, 128, 2, 256, half) == "exchange"
 
 
 def test_layout_argument_errors():
@@ -167,6 +183,12 @@ def test_peer_table_checks():
             _C.symm_checked_peer_table(p, rank, world, local)
 
 
+def test_refused_call_text():
+    text = _C.symm_describe_error("peer_broken", 1, 0, 0, 3, 9, 0.0, "tp", 2.0)
+    assert "the start of a call" in text and "refused the call (its outputs are NaN)" in text
+    assert "rank 0 had marked the workspace broken" in text
+
+
 def test_error_text_names_the_peer():
     text = _C.symm_describe_error("timeout", 3, 5, 17, 1, 42, 2.5, "tp", 2.0)
     assert "rank 3" in text and "waiting for rank 5" in text and "block 17" in text
@@ -181,29 +203,100 @@ def test_error_text_names_the_peer():
     )
 
 
-def test_unreachable_peers():
+def test_peer_problems():
     hosts = ["a", "a", "a", "b"]
     devices = [0, 1, 1, 0]
     allowed = {(0, 1), (1, 0)}
-    can = lambda a, b: (a, b) in allowed  # noqa: E731
-    assert _symm.unreachable_peers(0, hosts, devices, can) == [3]  # another host
-    assert _symm.unreachable_peers(1, hosts, devices, can) == [2, 3]  # rank 2 shares its GPU
-    assert _symm.unreachable_peers(0, hosts[:3], [0, 1, 2], lambda a, b: False) == [1, 2]
+
+    def link(a, b):
+        return None if (a, b) in allowed else f"no link {a}->{b}"
+
+    assert _symm.peer_problems(0, hosts, devices, link) == {3: "it runs on another host"}
+    got = _symm.peer_problems(1, hosts, devices, link)  # rank 2 shares its GPU
+    assert sorted(got) == [2, 3] and got[2].startswith("it shares GPU 1 (set ")
+    assert _symm.SHARED_GPU_SWITCH in got[2]
+    # Ranks on one GPU are reachable when torch's switch for it is set (two-process tests).
+    assert _symm.peer_problems(1, hosts, devices, link, shared_gpus=True) == {
+        3: "it runs on another host"
+    }
+    assert _symm.peer_problems(0, hosts[:3], [0, 1, 2], lambda a, b: "PCIe") == {
+        1: "PCIe",
+        2: "PCIe",
+    }
     with pytest.raises(ValueError, match="^hosts: "):
-        _symm.unreachable_peers(0, hosts[:2], devices, can)
+        _symm.peer_problems(0, hosts[:2], devices, link)
     with pytest.raises(ValueError, match="^rank: "):
-        _symm.unreachable_peers(4, hosts, devices, can)
+        _symm.peer_problems(4, hosts, devices, link)
 
 
-def test_choose_transport():
-    assert _symm.choose("auto", [[], [], []], "g") == "symm"
-    assert _symm.choose("auto", [[], [2], []], "g") == "nccl"  # decided together: never mixed
-    assert _symm.choose("symm", [[], []], "g") == "symm"
-    assert _symm.choose("nccl", [[], []], "g") == "nccl"
-    with pytest.raises(ValueError, match="^transport: 'symm' needs .* rank 1 cannot reach rank 2"):
-        _symm.choose("symm", [[], [2], []], "g")
+def test_choose_transport_and_why():
+    chosen, why = _symm.choose("auto", [{}, {}, {}], "g")
+    assert chosen == "symm" and "native atomics" in why
+    chosen, why = _symm.choose("auto", [{}, {2: "no native atomics"}, {}], "g")
+    assert chosen == "nccl"  # decided together: never mixed
+    assert why == "rank 1 cannot use rank 2's GPU memory: no native atomics"
+    assert _symm.choose("symm", [{}, {}], "g")[0] == "symm"
+    assert _symm.choose("nccl", [{}, {}], "g") == ("nccl", "requested")
+    with pytest.raises(
+        ValueError, match="^transport: 'symm' needs .* rank 1 cannot use rank 2's: PCIe"
+    ):
+        _symm.choose("symm", [{}, {2: "PCIe"}, {}], "g")
     with pytest.raises(ValueError, match="^transport: expected 'auto', 'symm' or 'nccl'"):
-        _symm.choose("shm", [[]], "g")
+        _symm.choose("shm", [{}], "g")
+
+
+def test_cuda_link_problem_needs_access_and_native_atomics(monkeypatch):
+    links = {
+        (0, 1): {"access": True, "native_atomics": True},
+        (0, 2): {"access": True, "native_atomics": False},
+        (0, 3): {"access": False, "native_atomics": False},
+    }
+    monkeypatch.setattr(_symm._C, "cuda_peer_link", lambda a, b: links[(a, b)], raising=False)
+    assert _symm.cuda_link_problem(0, 1) is None
+    assert "without native atomics" in _symm.cuda_link_problem(0, 2)
+    assert _symm.cuda_link_problem(0, 3) == "GPU 0 has no peer access to GPU 3"
+
+
+def test_peer_table_is_segment_base_plus_each_ranks_offset():
+    # torch symmetric memory may sub-allocate: buffer_ptrs are segment bases, and each rank's
+    # buffer sits at its own offset in its segment (exchanged over the group).
+    bases = [0x7F0000000000, 0x7E0000000000, 0x7D0000000000]
+    offsets = [0x200000, 0x200000, 0x400000]
+    assert _symm.peer_table(bases, offsets) == [b + o for b, o in zip(bases, offsets)]
+    with pytest.raises(ValueError, match="^offsets: "):
+        _symm.peer_table(bases, offsets[:2])
+    assert _symm.buffer_offset(0x1200, 0x1000, 0x100, 0x400) == 0x200
+    assert _symm.buffer_offset(0x1000, 0x1000, 0x100, None) == 0
+    with pytest.raises(ValueError, match="^buffer: .* is not inside its rendezvous segment"):
+        _symm.buffer_offset(0x0F00, 0x1000, 0x100, 0x400)
+    with pytest.raises(ValueError, match="^buffer: "):
+        _symm.buffer_offset(0x1380, 0x1000, 0x100, 0x400)  # runs past the segment's end
+
+
+def test_lamport_tags_never_hold_the_empty_marker_and_tell_calls_apart():
+    seen = set()
+    for op in ("fused_layer", "all_reduce"):
+        for rows, inner in ((1, 7168), (16, 7168), (131072, 1), (2**30 - 1, 2**30 - 1)):
+            for call in (0, 1, 2, 3, 2**15, 2**40 + 7):
+                tag = _C.symm_lamport_tag(op, rows, inner, call)
+                assert len(tag) == 8 and all(0 <= lane < 0x8000 for lane in tag), tag
+                seen.add(tuple(tag))
+    assert len(seen) == 2 * 4 * 6
+
+
+def test_stream_chain_orders_calls_across_streams():
+    chain = _C.SymmStreamChain()
+    assert chain.next(1, 0) == (False, False)  # the first call waits for nothing
+    assert chain.next(1, 0) == (False, False)  # same stream: stream order suffices
+    assert chain.next(2, 0) == (True, False)  # another stream waits for the last call
+    assert chain.next(1, 0) == (True, False)
+    # Inside a capture the chain is the capture's own: nothing recorded outside it is waited on.
+    assert chain.next(3, 7) == (False, True)
+    assert chain.next(4, 7) == (True, True)  # a second stream joins the same capture
+    assert chain.next(4, 7) == (False, True)
+    assert chain.next(5, 8) == (False, True)  # a new capture starts a new chain
+    assert chain.next(1, 0) == (False, False)  # eager again: stream 1 made the last eager call
+    assert chain.next(0, 0) == (True, False)  # the legacy default stream (0) is a stream too
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
@@ -291,3 +384,94 @@ def test_fused_ops_on_symm_match_reference(world):
     )
     assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
     assert [d for _, d in results] == [results[0][1]] * world
+
+
+class FakeWorld:
+    """Stands in for torch.distributed, torch symmetric memory and the CUDA bindings, so that
+    _symm.init's orchestration runs on CPU as rank 0 of a world of two: what the peer contributes
+    to each gather is given; the arguments init hands to the C++ side are recorded."""
+
+    def __init__(self, devices, peer_offset=(0x40000, None), own_offset=0x10000):
+        # peer_offset: what rank 1 reports, (offset in its segment, None) or (None, its error)
+        self.devices, self.peer_offset, self.own_offset = devices, peer_offset, own_offset
+        self.gathers, self.init_args = 0, None
+
+    def all_gather_object(self, out, value, group=None):
+        self.gathers += 1
+        peer = {1: ("host", self.devices[1]), 2: {}, 3: self.peer_offset}[self.gathers]
+        out[:] = [value, peer]
+
+    def broadcast_object_list(self, objs, group=None, group_src=0):
+        pass
+
+    def barrier(self, group=None):
+        pass
+
+    def empty(self, nbytes, dtype, device):
+        self.buffer = torch.empty(nbytes, dtype=dtype)
+        return self.buffer
+
+    def rendezvous(self, buffer, name):
+        base = buffer.data_ptr() - self.own_offset
+        return type("Handle", (), {"buffer_ptrs": [base, 0x7F0000000000], "buffer_size": 1 << 40})
+
+    def install(self, monkeypatch):
+        import torch.distributed as dist
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        for name in ("all_gather_object", "broadcast_object_list", "barrier"):
+            monkeypatch.setattr(_symm.dist, name, getattr(self, name))
+        monkeypatch.setattr(_symm, "_host_key", lambda: "host")
+        monkeypatch.setattr(dist, "_symmetric_memory", self, raising=False)
+        monkeypatch.setattr(_C, "nccl_unique_id", lambda: b"id", raising=False)
+        monkeypatch.setattr(
+            _C,
+            "cuda_peer_link",
+            lambda a, b: {"access": True, "native_atomics": True},
+            raising=False,
+        )
+
+        def init_symm_transport(*args):
+            self.init_args = args
+
+        monkeypatch.setattr(_C, "init_symm_transport", init_symm_transport, raising=False)
+
+
+def test_init_builds_the_table_from_every_ranks_offset(monkeypatch):
+    world = FakeWorld(devices=[0, 1])
+    world.install(monkeypatch)
+    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0) == "symm"
+    name, uid, index, buffer, ptrs = world.init_args[:5]
+    assert (name, uid, index) == ("g", b"id", 0)  # separate GPUs: an NCCL fallback too
+    assert ptrs == [world.buffer.data_ptr(), 0x7F0000000000 + 0x40000]
+    assert "native atomics" in _symm.reason("g")
+    _symm.release("g")
+    assert _symm.reason("g") is None
+
+
+def test_init_with_ranks_on_one_gpu_keeps_no_nccl(monkeypatch):
+    world = FakeWorld(devices=[0, 0])
+    world.install(monkeypatch)
+    with pytest.raises(ValueError, match="^transport: 'symm' needs .* shares GPU 0"):
+        _symm.init(None, "g", 0, 2, 0, "symm", 5.0)
+    world = FakeWorld(devices=[0, 0])
+    world.install(monkeypatch)
+    monkeypatch.setenv(_symm.SHARED_GPU_SWITCH, "1")
+    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0) == "symm"
+    assert world.init_args[1] is None  # NCCL refuses ranks on one GPU
+    _symm.release()
+
+
+def test_init_fails_on_every_rank_when_one_buffer_is_outside_its_segment(monkeypatch):
+    world = FakeWorld(devices=[0, 1], peer_offset=(None, "buffer: not inside (peer)"))
+    world.install(monkeypatch)
+    with pytest.raises(ValueError, match=r"^buffer: not inside \(peer\) \(rank 1 of group 'g'\)"):
+        _symm.init(None, "g", 0, 2, 0, "symm", 5.0)
+    assert world.init_args is None
+
+
+def test_transport_names_compare_as_strings_and_carry_a_reason():
+    t = msd.Transport("nccl")
+    t.reason = "rank 0 cannot use rank 1's GPU memory: PCIe"
+    assert t == "nccl" and isinstance(t, str) and t.reason.endswith("PCIe")
+    assert msd.Transport("shm").reason is None

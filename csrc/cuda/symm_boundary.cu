@@ -186,6 +186,11 @@ void collective(const std::vector<CollectiveCall>& ranks, bool lamport, bool sim
                   : symm::shard_valid_rows(c.rows, c.h.world, c.h.rank);
     r.in = static_cast<const uint8_t*>(c.in);
     r.out = static_cast<uint8_t*>(c.out);
+    const int64_t out_rows = c.op == boundary::Op::kReduceScatter ? e.X.in_rows
+                             : c.op == boundary::Op::kAllReduce
+                                 ? c.rows
+                                 : (c.num_tokens < 0 ? c.rows * c.h.world : c.num_tokens);
+    r.out_bytes = out_rows * c.row_bytes;
   }
   const ExchangeLayout& X = P.r[0].e.X;
   const int64_t spans = (X.row_bytes + kSpanBytes - 1) / kSpanBytes;

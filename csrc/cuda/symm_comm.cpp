@@ -94,13 +94,31 @@ SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptr
   Tensor host = at::empty({static_cast<int64_t>(sizeof(header))}, at::kByte);
   std::memcpy(host.data_ptr(), &header, sizeof(header));
   buffer_.narrow(0, 0, sizeof(header)).copy_(host);
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&eager_done_, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&capture_done_, cudaEventDisableTiming));
   // Peers may push as soon as they return from init: everything above must be in memory first
   // (the caller then runs a host barrier over the group).
   C10_CUDA_CHECK(cudaStreamSynchronize(current_stream(buffer_)));
 }
 
 SymmWorkspace::~SymmWorkspace() {
+  if (eager_done_ != nullptr) cudaEventDestroy(eager_done_);
+  if (capture_done_ != nullptr) cudaEventDestroy(capture_done_);
   if (error_host_ != nullptr) cudaFreeHost(const_cast<ErrorRecord*>(error_host_));
+}
+
+void SymmWorkspace::order_call(cudaStream_t stream) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
+  const uint64_t capture = status == cudaStreamCaptureStatusNone ? 0 : uint64_t(id) + 1;
+  const StreamChain::Step step = chain_.next(reinterpret_cast<uint64_t>(stream), capture);
+  pending_ = step.captured ? capture_done_ : eager_done_;
+  if (step.wait) C10_CUDA_CHECK(cudaStreamWaitEvent(stream, pending_, 0));
+}
+
+void SymmWorkspace::call_enqueued(cudaStream_t stream) const {
+  C10_CUDA_CHECK(cudaEventRecord(pending_, stream));
 }
 
 RankHandles SymmWorkspace::handles(bool absent) const {
@@ -166,7 +184,10 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
                                    src.const_data_ptr(), dst.data_ptr(), rows, row_bytes,
                                    num_tokens});
   }
-  launch_collective(calls, lamport, simulated, current_stream(in0));
+  const cudaStream_t stream = current_stream(in0);
+  for (const SymmWorkspace* ws : ranks) ws->order_call(stream);
+  launch_collective(calls, lamport, simulated, stream);
+  for (const SymmWorkspace* ws : ranks) ws->call_enqueued(stream);
   for (auto& [from, to] : copy_back) to.copy_(from);
   return true;
 }
@@ -208,11 +229,13 @@ std::vector<LayerOutputs> run_fused_layer(const std::vector<const SymmWorkspace*
     outs.emplace_back(residual_out, post_out, comb_out, layer_input);
   }
   const cudaStream_t stream = current_stream(inputs[0].residual);
+  for (const SymmWorkspace* ws : ranks) ws->order_call(stream);
   if (sharded) {
     launch_sharded_layer(calls, simulated, stream);
   } else {
     launch_lamport_layer(calls, simulated, stream);
   }
+  for (const SymmWorkspace* ws : ranks) ws->call_enqueued(stream);
   return outs;
 }
 
@@ -225,19 +248,28 @@ SymmCommunicator::SymmCommunicator(std::string group, std::unique_ptr<SymmWorksp
 
 bool SymmCommunicator::collective(boundary::Op op, Tensor& out, const Tensor& in) {
   ws_->check(group_);
+  if (in.numel() == 0) return true;  // nothing to move (every rank makes the same call)
   return run_collective({ws_.get()}, op, {out}, {in}, -1, false, -1);
 }
 
+Communicator& SymmCommunicator::fallback(const Tensor& in) {
+  TORCH_CHECK_VALUE(fallback_ != nullptr, "x: a collective of ", in.scalar_type(), " ",
+                    shape_str(in), " does not fit group '", group_,
+                    "''s symm buffers, and the group has no NCCL communicator to take it (its "
+                    "ranks share a GPU, which NCCL refuses)");
+  return *fallback_;
+}
+
 void SymmCommunicator::all_gather(Tensor& out, const Tensor& in) {
-  if (!collective(boundary::Op::kAllGather, out, in)) fallback_->all_gather(out, in);
+  if (!collective(boundary::Op::kAllGather, out, in)) fallback(in).all_gather(out, in);
 }
 
 void SymmCommunicator::reduce_scatter(Tensor& out, const Tensor& in) {
-  if (!collective(boundary::Op::kReduceScatter, out, in)) fallback_->reduce_scatter(out, in);
+  if (!collective(boundary::Op::kReduceScatter, out, in)) fallback(in).reduce_scatter(out, in);
 }
 
 void SymmCommunicator::all_reduce(Tensor& out, const Tensor& in) {
-  if (!collective(boundary::Op::kAllReduce, out, in)) fallback_->all_reduce(out, in);
+  if (!collective(boundary::Op::kAllReduce, out, in)) fallback(in).all_reduce(out, in);
 }
 
 bool SymmCommunicator::kernels_take(const LayerArgs& a) const {
@@ -281,6 +313,7 @@ SymmSimGroup::SymmSimGroup(int64_t world, int64_t device, int64_t mailbox_slot_b
   const int64_t devices = c10::cuda::device_count();
   TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected a CUDA device index in [0, ",
                     devices, "), got ", device);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // events, streams
   const BufferLayout L = buffer_layout(world, mailbox_slot_bytes, half_bytes);
   const auto opts = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
   std::vector<int64_t> ptrs;

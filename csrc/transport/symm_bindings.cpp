@@ -7,10 +7,16 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "mhc_sp/checks.h"
+#include "mhc_sp/cuda/leaf_tree.h"
 #include "mhc_sp/symm.h"
 
 #if defined(MHC_SP_WITH_CUDA)
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "mhc_sp/cuda/symm_comm.h"
@@ -72,6 +78,44 @@ CallHeader header_of(const std::string& op, bool sharded, int64_t rows, int64_t 
   return h;
 }
 
+// The CUDA projection's summation order on the host (mhc_sp/cuda/leaf_tree.h, the same code the
+// kernels run): `leaves` pushed per_block at a time into a block's tree, the blocks' totals then
+// into the finish's tree. The block's tree is built three ways, its levels split between registers,
+// shared memory and local memory as the kernels split them (hc_mult 4: 3 + 3 + 0; wider leaves:
+// some far levels); the three must agree bit for bit, and all must equal one tree over all leaves
+// for every per_block (tests/test_leaf_tree.py).
+template <int kReg, int kSmem, int kFar>
+float leaf_tree_sum_split(const std::vector<float>& leaves, size_t per_block) {
+  cuda::LeafTree<1, 32> blocks;
+  for (size_t b0 = 0; b0 < leaves.size(); b0 += per_block) {
+    float upper[kSmem > 0 ? kSmem : 1] = {};
+    cuda::LeafTree<1, kReg, kSmem, kFar> tree;
+    tree.upper = upper;
+    tree.stride = 1;
+    for (size_t j = b0; j < std::min(leaves.size(), b0 + per_block); ++j) tree.push({leaves[j]});
+    float total[1];
+    tree.total(total);
+    blocks.push(total);
+  }
+  float out[1];
+  blocks.total(out);
+  return out[0];
+}
+
+float leaf_tree_sum(const std::vector<float>& leaves, int64_t per_block) {
+  constexpr int64_t kMax = int64_t{1} << 5;  // every split below has 6 levels
+  TORCH_CHECK_VALUE(per_block >= 1 && per_block <= kMax && (per_block & (per_block - 1)) == 0,
+                    "per_block: expected a power of two in [1, ", kMax, "], got ", per_block);
+  TORCH_CHECK_VALUE(!leaves.empty(), "leaves: expected at least one value");
+  const size_t n = static_cast<size_t>(per_block);
+  const float a = leaf_tree_sum_split<3, 3, 0>(leaves, n);
+  const float b = leaf_tree_sum_split<2, 2, 2>(leaves, n);
+  const float c = leaf_tree_sum_split<1, 0, 5>(leaves, n);
+  TORCH_CHECK(std::memcmp(&a, &b, 4) == 0 && std::memcmp(&a, &c, 4) == 0,
+              "mhc_sp: the tree's register, shared and local levels disagree");
+  return a;
+}
+
 const char* path_name(Path p) {
   switch (p) {
     case Path::kLamport: return "lamport";
@@ -114,14 +158,24 @@ void check_list(const std::vector<Tensor>& v, const char* name, int64_t world) {
 }
 
 // The harness's fused_layer: every simulated rank's inputs, checked as the op checks them.
+// `production`: the launch production makes (one rank, no cooperative launch, the finish a
+// programmatic dependent), for the harness's world of one.
+void check_production(bool production, int64_t world, int64_t absent) {
+  TORCH_CHECK_VALUE(!production || (world == 1 && absent < 0),
+                    "production: the production launch runs one rank that always arrives; this "
+                    "group simulates ",
+                    world, absent >= 0 ? " with an absent rank" : "");
+}
+
 std::vector<LayerOutputs> sim_fused_layer(
     const SymmSimGroup& g, const std::vector<Tensor>& partials,
     const std::vector<Tensor>& residuals, const std::vector<Tensor>& posts,
     const std::vector<Tensor>& combs, const Tensor& fn, const Tensor& hc_scale,
     const Tensor& hc_base, const std::optional<Tensor>& norm_weight, bool sharded,
     int64_t num_tokens, double rms_eps, double hc_pre_eps, double hc_sinkhorn_eps,
-    double hc_post_mult, int64_t sinkhorn_iters, double norm_eps, int64_t absent) {
+    double hc_post_mult, int64_t sinkhorn_iters, double norm_eps, int64_t absent, bool production) {
   const int64_t world = g.world();
+  check_production(production, world, absent);
   for (const auto* v : {&partials, &residuals, &posts, &combs}) check_list(*v, "tensors", world);
   const Tensor& ref = residuals[0];
   const StreamShape s = check_stream(ref, "residuals[0]");
@@ -162,13 +216,14 @@ std::vector<LayerOutputs> sim_fused_layer(
                       L.mailbox_slot_bytes, " bytes)");
   }
   const c10::cuda::CUDAGuard guard(ref.device());
-  return run_fused_layer(g.ranks(), inputs, sc, sharded, num_tokens, true, absent);
+  return run_fused_layer(g.ranks(), inputs, sc, sharded, num_tokens, !production, absent);
 }
 
 std::vector<Tensor> sim_collective(const SymmSimGroup& g, const std::string& op_name,
                                    const std::vector<Tensor>& xs, int64_t num_tokens,
-                                   int64_t absent) {
+                                   int64_t absent, bool production) {
   const int64_t world = g.world();
+  check_production(production, world, absent);
   check_list(xs, "xs", world);
   const Op op = checked_op(op_name);
   TORCH_CHECK_VALUE(op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllReduce,
@@ -179,22 +234,19 @@ std::vector<Tensor> sim_collective(const SymmSimGroup& g, const std::string& op_
                       "xs: every rank's tensor must have the same shape and dtype");
   }
   const int64_t rows = xs[0].size(0);
-  if (op == Op::kReduceScatter) {
-    TORCH_CHECK_VALUE(rows % world == 0, "xs: reduce_scatter takes rows padded to a multiple of ",
-                      world, ", got ", rows);
-  }
   std::vector<Tensor> outs;
   for (const Tensor& x : xs) {
     auto sizes = x.sizes().vec();
-    if (op == Op::kReduceScatter) sizes[0] = rows / world;
+    // reduce_scatter: each rank's shard of ceil(rows / world) rows, rows past `rows` zeros.
+    if (op == Op::kReduceScatter) sizes[0] = shard_rows(rows, world);
     if (op == Op::kAllGather) sizes[0] = num_tokens < 0 ? rows * world : num_tokens;
     outs.push_back(at::empty(sizes, x.options()));
   }
   const c10::cuda::CUDAGuard guard(xs[0].device());
-  TORCH_CHECK_VALUE(
-      run_collective(g.ranks(), op, outs, xs, op == Op::kAllGather ? num_tokens : -1, true, absent),
-      "xs: this call does not fit the harness's workspace or dtype (", shape_str(xs[0]), ", ",
-      xs[0].scalar_type(), ")");
+  TORCH_CHECK_VALUE(run_collective(g.ranks(), op, outs, xs, op == Op::kAllGather ? num_tokens : -1,
+                                   !production, absent),
+                    "xs: this call does not fit the harness's workspace or dtype (",
+                    shape_str(xs[0]), ", ", xs[0].scalar_type(), ")");
   return outs;
 }
 
@@ -267,6 +319,24 @@ void bind(py::module_& m) {
   m.def("symm_checked_peer_table", &checked_peer_table, py::arg("ptrs"), py::arg("rank"),
         py::arg("world"), py::arg("local"));
   m.def(
+      "symm_lamport_tag",
+      [](const std::string& op, int64_t rows, int64_t inner, uint64_t call) {
+        const LamportTag t = lamport_tag(checked_op(op), rows, inner, call);
+        return std::vector<int64_t>(t.lane, t.lane + 8);
+      },
+      py::arg("op"), py::arg("rows"), py::arg("inner"), py::arg("call"));
+  py::class_<StreamChain>(m, "SymmStreamChain",
+                          "The order of one symm workspace's calls across CUDA streams")
+      .def(py::init<>())
+      .def(
+          "next",
+          [](StreamChain& c, uint64_t stream, uint64_t capture_id) {
+            const StreamChain::Step s = c.next(stream, capture_id);
+            return py::make_tuple(s.wait, s.captured);
+          },
+          py::arg("stream"), py::arg("capture_id"));
+  m.def("leaf_tree_sum", &leaf_tree_sum, py::arg("leaves"), py::arg("per_block"));
+  m.def(
       "symm_describe_error",
       [](const std::string& code, int64_t rank, int64_t peer, int64_t block, int64_t phase,
          uint64_t epoch, double waited_s, const std::string& group, double timeout_s) {
@@ -288,17 +358,41 @@ void bind(py::module_& m) {
 
 #if defined(MHC_SP_WITH_CUDA)
   m.def(
+      "cuda_peer_link",
+      [](int64_t device, int64_t peer) {
+        const int64_t devices = c10::cuda::device_count();
+        TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected [0, ", devices,
+                          "), got ", device);
+        TORCH_CHECK_VALUE(peer >= 0 && peer < devices, "peer: expected [0, ", devices, "), got ",
+                          peer);
+        py::dict d;
+        if (device == peer) {  // a device reaches its own memory, atomics included
+          d["access"] = true;
+          d["native_atomics"] = true;
+          return d;
+        }
+        int access = 0, atomics = 0;
+        C10_CUDA_CHECK(cudaDeviceGetP2PAttribute(&access, cudaDevP2PAttrAccessSupported,
+                                                 static_cast<int>(device), static_cast<int>(peer)));
+        C10_CUDA_CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported,
+                                                 static_cast<int>(device), static_cast<int>(peer)));
+        d["access"] = access != 0;
+        d["native_atomics"] = atomics != 0;
+        return d;
+      },
+      py::arg("device"), py::arg("peer"));
+  m.def(
       "init_symm_transport",
-      [](const std::string& name, py::bytes unique_id, int64_t device, Tensor buffer,
+      [](const std::string& name, std::optional<py::bytes> unique_id, int64_t device, Tensor buffer,
          const std::vector<int64_t>& peer_ptrs, int64_t mailbox_slot_bytes, int64_t half_bytes,
          double timeout_s) {
-        const std::string id = unique_id;
         const GroupHandle g = registered_group(name);
         const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
         auto ws = std::make_unique<SymmWorkspace>(buffer, peer_ptrs, g.rank, g.world,
                                                   mailbox_slot_bytes, half_bytes, timeout_s);
-        std::unique_ptr<Communicator> fallback;
-        {
+        std::unique_ptr<Communicator> fallback;  // none: ranks share a GPU, which NCCL refuses
+        if (unique_id) {
+          const std::string id = *unique_id;
           py::gil_scoped_release no_gil;  // blocks until every rank joins
           fallback = make_nccl_communicator(name, id, device);
         }
@@ -321,9 +415,9 @@ void bind(py::module_& m) {
            py::arg("hc_base"), py::arg("norm_weight"), py::arg("sharded"), py::arg("num_tokens"),
            py::arg("rms_eps"), py::arg("hc_pre_eps"), py::arg("hc_sinkhorn_eps"),
            py::arg("hc_post_mult"), py::arg("sinkhorn_iters"), py::arg("norm_eps"),
-           py::arg("absent") = -1)
+           py::arg("absent") = -1, py::arg("production") = false)
       .def("collective", &sim_collective, py::arg("op"), py::arg("xs"), py::arg("num_tokens") = -1,
-           py::arg("absent") = -1)
+           py::arg("absent") = -1, py::arg("production") = false)
       .def("errors",
            [](const SymmSimGroup& g) {
              py::list out;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host-side logic of the symm transport that needs no GPU: the pointer table's checks, which path
-// a call takes, and the text of a failed wait. Compiled in every build, so CPU tests cover it.
+// a call takes, the text of a failed wait and the order of calls across streams. Compiled in every
+// build, so CPU tests cover it.
 
 #include <c10/util/Exception.h>
 
@@ -36,7 +37,7 @@ std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_
 Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fused_layer) {
   const int64_t bytes = rows * inner * 2;
   const bool lamport_rows = !fused_layer || rows <= kLamportMaxTokens;
-  if (rows >= 1 && inner % 8 == 0 && lamport_rows && bytes <= L.mailbox_slot_bytes) {
+  if (rows >= 1 && inner % 8 == 0 && lamport_rows && bytes <= lamport_row_bytes(L)) {
     return Path::kLamport;
   }
   CallHeader h{};
@@ -55,8 +56,8 @@ Path exchange_path(const BufferLayout& L, const CallHeader& h) {
 
 std::string describe_error(const ErrorRecord& e, const std::string& group, double timeout_s) {
   static const char* const kPhases[] = {"the Lamport mailbox", "the first barrier",
-                                        "the second barrier"};
-  const char* phase = e.phase < 3 ? kPhases[e.phase] : "a wait";
+                                        "the second barrier", "the start of a call"};
+  const char* phase = e.phase <= kPhaseStart ? kPhases[e.phase] : "a wait";
   const std::string where = c10::str("group '", group, "' (symm transport): rank ", e.rank,
                                      ", block ", e.block, ", ", phase, " of epoch ", e.epoch);
   std::string what;
@@ -71,13 +72,29 @@ std::string describe_error(const ErrorRecord& e, const std::string& group, doubl
                    " made a different call (another op, token count, hidden size or call order)");
       break;
     case kPeerBroken:
-      what = c10::str("gave up: rank ", e.peer, " had marked the workspace broken");
+      what = e.phase == kPhaseStart
+                 ? c10::str("refused the call (its outputs are NaN): rank ", e.peer,
+                            " had marked the workspace broken")
+                 : c10::str("gave up: rank ", e.peer, " had marked the workspace broken");
       break;
     default: what = c10::str("failed with code ", e.code);
   }
   return c10::str(where, ": ", what,
                   ". The workspace is broken; every later call on this group raises. Re-create the "
                   "process group and call mhc_sp.distributed.init again.");
+}
+
+StreamChain::Step StreamChain::next(uint64_t stream, uint64_t capture_id) {
+  if (capture_id == 0) {
+    const bool wait = eager_recorded_ && eager_stream_ != stream;
+    eager_stream_ = stream;
+    eager_recorded_ = true;
+    return {wait, false};
+  }
+  const bool wait = capture_id_ == capture_id && capture_stream_ != stream;
+  capture_stream_ = stream;
+  capture_id_ = capture_id;
+  return {wait, true};
 }
 
 }  // namespace mhc_sp::symm

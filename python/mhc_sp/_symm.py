@@ -7,9 +7,18 @@ buffer (flags at epoch 0, armed Lamport mailboxes, the segment header) and keeps
 communicator for calls that do not fit the buffer. The kernels see only the pointer table
 (csrc/include/mhc_sp/symm.h has the layout and the rules).
 
+The pointer table. ``symm_mem.empty`` may sub-allocate the buffer from a larger segment, and the
+handle's ``buffer_ptrs`` are the peers' segment bases as mapped here, not their buffers: rank p's
+buffer sits at ``buffer_ptrs[p]`` plus p's offset inside its segment, which every rank measures on
+its own buffer and the group exchanges (:func:`peer_table`).
+
 "auto" picks symm when every rank of the group runs on this host and every pair of the group's
-GPUs can access each other's memory (CUDA peer access: NVLink or PCIe P2P), NCCL otherwise. All
-ranks decide together, so a group never mixes transports.
+GPUs can access each other's memory with native atomics (NVLink; PCIe peers lack the system-scope
+atomics the kernels use to break a workspace), NCCL otherwise. Ranks that share a GPU count as
+reachable only when torch's own switch for it, ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1``, is
+set (tests run two ranks on one GPU so); such a group keeps no NCCL communicator, which NCCL
+refuses for ranks on one GPU. All ranks decide together, so a group never mixes transports, and
+:func:`reason` keeps why (``mhc_sp.distributed.transport(...).reason``).
 """
 
 from __future__ import annotations
@@ -27,10 +36,13 @@ from . import _C
 
 #: Buffers and rendezvous handles per group name: the peers' mappings live as long as these do.
 _BUFFERS: dict[str, tuple] = {}
+#: Why each group's CUDA transport was chosen, by group name.
+_REASONS: dict[str, str] = {}
 
 _CONSTANTS = _C.symm_constants()
 DEFAULT_MAILBOX_SLOT_BYTES: int = _CONSTANTS["default_mailbox_slot_bytes"]
 DEFAULT_HALF_BYTES: int = _CONSTANTS["default_half_bytes"]
+SHARED_GPU_SWITCH = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
 
 
 def _host_key() -> tuple:
@@ -42,42 +54,95 @@ def _host_key() -> tuple:
         return (socket.gethostname(), os.getpid())
 
 
-def unreachable_peers(
-    rank: int, hosts: Sequence, devices: Sequence[int], can_access: Callable[[int, int], bool]
-) -> list[int]:
-    """Ranks whose GPU memory ``rank`` cannot map: on another host, on the same GPU, or without
-    peer access from ``devices[rank]``."""
+def shared_gpus_allowed() -> bool:
+    return os.environ.get(SHARED_GPU_SWITCH) == "1"
+
+
+def cuda_link_problem(device: int, peer: int) -> str | None:
+    """Why a kernel on GPU ``device`` cannot use GPU ``peer``'s memory as symm needs (peer
+    access with native atomics), or None."""
+    link = _C.cuda_peer_link(device, peer)
+    if not link["access"]:
+        return f"GPU {device} has no peer access to GPU {peer}"
+    if not link["native_atomics"]:
+        return (
+            f"GPU {device} reaches GPU {peer} without native atomics (a PCIe link; symm needs "
+            "system-scope atomics on peer memory)"
+        )
+    return None
+
+
+def peer_problems(
+    rank: int,
+    hosts: Sequence,
+    devices: Sequence[int],
+    link_problem: Callable[[int, int], str | None],
+    shared_gpus: bool = False,
+) -> dict[int, str]:
+    """The peers whose GPU memory ``rank`` cannot use, each with the reason: on another host, on
+    the same GPU (unless ``shared_gpus``), or what ``link_problem(mine, theirs)`` says."""
     if len(hosts) != len(devices):
         raise ValueError(f"hosts: expected one entry per rank ({len(devices)}), got {len(hosts)}")
     if not 0 <= rank < len(devices):
         raise ValueError(f"rank: expected a value in [0, {len(devices)}), got {rank}")
     mine = devices[rank]
-    return [
-        p
-        for p in range(len(devices))
-        if p != rank
-        and (hosts[p] != hosts[rank] or devices[p] == mine or not can_access(mine, devices[p]))
-    ]
+    problems = {}
+    for p in range(len(devices)):
+        if p == rank:
+            continue
+        if hosts[p] != hosts[rank]:
+            problems[p] = "it runs on another host"
+        elif devices[p] == mine:
+            if not shared_gpus:
+                problems[p] = f"it shares GPU {mine} (set {SHARED_GPU_SWITCH}=1 to allow that)"
+        else:
+            problem = link_problem(mine, devices[p])
+            if problem:
+                problems[p] = problem
+    return problems
 
 
-def choose(transport: str, unreachable: Sequence[Sequence[int]], name: str) -> str:
-    """'symm' or 'nccl' for ``transport`` given every rank's unreachable peers (the same on all
-    ranks). 'symm' where some rank cannot reach a peer is an error."""
+def choose(transport: str, problems: Sequence[dict[int, str]], name: str) -> tuple[str, str]:
+    """('symm' or 'nccl', why) for ``transport`` given every rank's peer problems (the same on all
+    ranks). 'symm' where some rank cannot use a peer is an error naming both and the reason."""
     if transport not in ("auto", "symm", "nccl"):
         raise ValueError(
             f"transport: expected 'auto', 'symm' or 'nccl' for cuda, got {transport!r}"
         )
-    pairs = [(r, p) for r, peers in enumerate(unreachable) for p in peers]
+    pairs = [(r, p, why) for r, peers in enumerate(problems) for p, why in sorted(peers.items())]
     if transport == "symm" and pairs:
-        r, p = pairs[0]
+        r, p, why = pairs[0]
         raise ValueError(
             f"transport: 'symm' needs every rank of group {name!r} to map every other "
-            f"rank's GPU memory (one host, peer access); rank {r} cannot reach rank "
-            f"{p} (use 'nccl' or 'auto')"
+            f"rank's GPU memory (one host, peer access with native atomics); rank {r} cannot "
+            f"use rank {p}'s: {why} (use 'nccl' or 'auto')"
         )
-    if transport == "nccl" or pairs:
-        return "nccl"
-    return "symm"
+    if transport == "nccl":
+        return "nccl", "requested"
+    if pairs:
+        r, p, why = pairs[0]
+        return "nccl", f"rank {r} cannot use rank {p}'s GPU memory: {why}"
+    why = "every rank maps every other rank's GPU memory with native atomics"
+    return "symm", why if transport == "auto" else f"requested; {why}"
+
+
+def peer_table(bases: Sequence[int], offsets: Sequence[int]) -> list[int]:
+    """Every rank's buffer as mapped here: rank p's segment base plus p's offset in it."""
+    if len(bases) != len(offsets):
+        raise ValueError(f"offsets: expected one per rank ({len(bases)}), got {len(offsets)}")
+    return [int(b) + int(o) for b, o in zip(bases, offsets)]
+
+
+def buffer_offset(buffer_ptr: int, base: int, nbytes: int, segment_bytes: int | None) -> int:
+    """This rank's buffer's offset in its own segment (``base``: its own entry of buffer_ptrs);
+    ValueError when the buffer does not lie inside the segment."""
+    offset = int(buffer_ptr) - int(base)
+    if offset < 0 or (segment_bytes is not None and offset + nbytes > segment_bytes):
+        raise ValueError(
+            f"buffer: the symmetric buffer at 0x{buffer_ptr:x} ({nbytes} bytes) is not inside "
+            f"its rendezvous segment at 0x{base:x} ({segment_bytes} bytes)"
+        )
+    return offset
 
 
 def _check_bytes(value, name: str, default: int, minimum: int) -> int:
@@ -88,6 +153,12 @@ def _check_bytes(value, name: str, default: int, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}: expected at least {minimum} bytes, got {value}")
     return value
+
+
+def _gathered(pg: ProcessGroup, value, world: int) -> list:
+    out = [None] * world
+    dist.all_gather_object(out, value, group=pg)
+    return out
 
 
 def init(
@@ -102,7 +173,7 @@ def init(
     mailbox_slot_bytes: int | None = None,
 ) -> str:
     """Set up the group's CUDA transport on device ``index``; collective. Returns the transport
-    chosen ('symm' or 'nccl')."""
+    chosen ('symm' or 'nccl'); :func:`reason` says why."""
     if not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"):
         raise ValueError("device: CUDA transports need a CUDA build of mhc_sp and a visible GPU")
     half = _check_bytes(half_bytes, "half_bytes", DEFAULT_HALF_BYTES, 4096)
@@ -112,16 +183,19 @@ def init(
             f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
             f"{name!r} has {world}"
         )
-    chosen = "nccl"
-    if transport != "nccl" and world <= _CONSTANTS["max_world"]:
-        info = [None] * world
-        dist.all_gather_object(info, (_host_key(), index), group=pg)
+    chosen, why = "nccl", "requested"
+    devices = [index] * world
+    if transport != "nccl" and world > _CONSTANTS["max_world"]:
+        why = f"symm takes at most {_CONSTANTS['max_world']} ranks"
+    elif transport != "nccl":
+        info = _gathered(pg, (_host_key(), index), world)
         hosts, devices = [i[0] for i in info], [i[1] for i in info]
-        mine = unreachable_peers(rank, hosts, devices, torch.cuda.can_device_access_peer)
-        every = [None] * world
-        dist.all_gather_object(every, mine, group=pg)
-        chosen = choose(transport, every, name)
-    uid = [_C.nccl_unique_id() if rank == 0 else None]
+        mine = peer_problems(rank, hosts, devices, cuda_link_problem, shared_gpus_allowed())
+        chosen, why = choose(transport, _gathered(pg, mine, world), name)
+    _REASONS[name] = why
+    # NCCL refuses ranks on one GPU: such a symm group keeps no NCCL communicator.
+    need_nccl = chosen == "nccl" or len(set(devices)) == world
+    uid = [_C.nccl_unique_id() if rank == 0 and need_nccl else None]
     dist.broadcast_object_list(uid, group=pg, group_src=0)
     if chosen == "nccl":
         dist.barrier(group=pg)  # every rank is here: the blocking NCCL init cannot wait forever
@@ -130,24 +204,43 @@ def init(
     from torch.distributed import _symmetric_memory as symm_mem
 
     layout = _C.symm_buffer_layout(world, slot, half)
+    nbytes = layout["total_bytes"]
     device = torch.device("cuda", index)
-    buffer = symm_mem.empty(layout["total_bytes"], dtype=torch.uint8, device=device)
+    buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None:  # required by older torch, a deprecated no-op in newer ones
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             enable(name)
     handle = symm_mem.rendezvous(buffer, name)
-    ptrs = [int(p) for p in handle.buffer_ptrs]
+    bases = [int(p) for p in handle.buffer_ptrs]
+    segment = getattr(handle, "buffer_size", None)
+    try:  # every rank learns every offset, or every rank raises the same error
+        mine = (buffer_offset(buffer.data_ptr(), bases[rank], nbytes, segment), None)
+    except ValueError as e:
+        mine = (None, str(e))
+    offsets = _gathered(pg, mine, world)
+    failed = [(r, err) for r, (_, err) in enumerate(offsets) if err is not None]
+    if failed:
+        r, err = failed[0]
+        raise ValueError(f"{err} (rank {r} of group {name!r})")
+    ptrs = peer_table(bases, [o for o, _ in offsets])
     _C.init_symm_transport(name, uid[0], index, buffer, ptrs, slot, half, float(timeout_s))
     _BUFFERS[name] = (buffer, handle)
     dist.barrier(group=pg)  # every buffer is initialised before any rank's first push into it
     return chosen
 
 
+def reason(name: str) -> str | None:
+    """Why init chose the group's CUDA transport (None when it set none up)."""
+    return _REASONS.get(name)
+
+
 def release(name: str | None = None) -> None:
     """Drop this process's references to the group's buffer (all groups when None)."""
     if name is None:
         _BUFFERS.clear()
+        _REASONS.clear()
     else:
         _BUFFERS.pop(name, None)
+        _REASONS.pop(name, None)

@@ -17,8 +17,10 @@ the device it names; the op schemas never change with it:
   fp32 in rank order from the peers' memory, and the plain collectives run over the buffers; or
   ``"nccl"``, an NCCL communicator that ``init`` creates for the group (rank 0 makes the unique
   id, the group broadcasts it, every rank joins on its current CUDA device). symm keeps an NCCL
-  communicator for calls that do not fit its buffers. Both enqueue on the current CUDA stream.
-  ``"auto"`` picks symm when every rank can map every other rank's GPU memory, NCCL otherwise.
+  communicator for calls that do not fit its buffers. Both enqueue on the current CUDA stream;
+  symm orders a group's calls issued on different streams one after the other. ``"auto"`` picks
+  symm when every rank can map every other rank's GPU memory with native atomics (NVLink), NCCL
+  otherwise; ``transport(...).reason`` says why.
 * A world of one needs no transport (``transport()`` reports ``"local"``): ``init()`` without
   torch.distributed registers ``"0"`` as a single-rank group, so single-device engines call the
   same ops.
@@ -26,7 +28,10 @@ the device it names; the op schemas never change with it:
 A peer that dies or stalls makes the shm ops raise within the group's timeout (the process
 group's own, unless ``init(timeout=...)`` sets one), naming the rank; the workspace is then
 broken and later calls raise at once until ``init`` is called again on every rank. The symm
-kernels give up on a peer after the same timeout and the group's next op raises, naming it.
+kernels give up on a peer after the same timeout, record the failure and fill what the failed
+call could not compute with NaN; from then on every call on the group is refused (its outputs are
+NaN, also under CUDA-graph replay) and every eager op raises, naming the rank, once the rank has
+recorded the failure (a rank that was not in the failed call records it in its next call).
 """
 
 from __future__ import annotations
@@ -211,11 +216,26 @@ def init(
     return name
 
 
+class Transport(str):
+    """A transport's name (equal to the plain string), with ``reason``: why ``init`` chose it
+    (recorded for CUDA groups; None otherwise)."""
+
+    reason: str | None = None
+
+
 def transport(group: GroupLike = None, device: torch.device | str | None = None) -> str | None:
     """The transport ``group`` uses for tensors on ``device`` (default: cuda when available):
     ``"shm"``, ``"gloo"``, ``"symm"``, ``"nccl"``, ``"local"`` for a world of one, or None when
-    ``init`` set none up for that device."""
-    return _C.group_transport(group_name(group), _device_type(device)) or None
+    ``init`` set none up for that device. For CUDA its ``reason`` says why ``init`` chose it (for
+    example, that a pair of GPUs lacks peer access or native atomics)."""
+    name, device_type = group_name(group), _device_type(device)
+    chosen = _C.group_transport(name, device_type)
+    if not chosen:
+        return None
+    out = Transport(chosen)
+    if device_type == "cuda":
+        out.reason = _symm.reason(name)
+    return out
 
 
 def destroy() -> None:

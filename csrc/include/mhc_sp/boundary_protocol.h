@@ -34,7 +34,10 @@
 //     CallHeader (op, flags, rows, num_tokens, dtype, inner size, call number, epoch) with its
 //     own. All ranks see the same headers, so all of them detect a mismatch (different ops, token
 //     counts, shapes, or a rank that skipped a call) and fail; nobody reads rows laid out for a
-//     different call. Sizes come from the header (layout_for), never from the peer's data.
+//     different call. Sizes come from the header (layout_for), never from the peer's data. On the
+//     device, where each block has its own barrier, every block writes the header (its epoch
+//     field 0, as blocks keep their own epochs; the call number tells calls apart) and checks
+//     every peer's before it reads any of that peer's rows (mhc_sp/cuda/symm.cuh).
 //  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from +0,
 //     and round once to the output type: every rank gets bitwise the same sum. Starting from +0
 //     makes a position where every rank holds -0 sum to +0 (as it must where -0 is the symm
@@ -43,7 +46,9 @@
 //  6. Errors. A wait is bounded by the group's timeout and fails early when a peer is known to be
 //     gone (CPU: its process no longer exists). The failing rank stores 1 + its rank into
 //     SegmentHeader::broken; every waiter checks that word and fails at once, and every later
-//     call on a broken workspace fails before touching it.
+//     call on a broken workspace fails before touching it (on the device, where the kernel finds
+//     out: it records the refusal, naming the rank that broke it, and fills its outputs with NaN;
+//     the rank's next op raises).
 //  7. Capacity. A call needs layout_for(header, world).need bytes of its half. When the half is
 //     too small on the CPU transport, every rank (they make the same call, rule 2) takes part in
 //     growing: the call's header alone is published at a barrier (so rule 4 runs first), rank 0

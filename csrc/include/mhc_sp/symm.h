@@ -20,10 +20,16 @@
 //  - The Lamport mailbox (decode-sized all-reduces, no barrier) has no CPU counterpart: call k
 //    pushes into every peer's mailbox k % 3, slot [rank]; an idle mailbox holds -0.0 everywhere
 //    (bf16 0x8000), pushed data never does (-0 is sent as +0), so a reader waits per 16-byte
-//    vector until none of its values is -0, and re-arms the vector (stores -0) once consumed.
+//    vector until none of its values is -0, and re-arms the vector (stores -0) once consumed. The
+//    last 16 bytes of a slot are the call's tag (LamportTag: kind, rows, inner size, call number,
+//    every lane below 0x8000): the Lamport form of rule 4's header. Every block of the reader
+//    checks every source's tag before it reads any of that source's rows.
 //  - SegmentHeader (page 0 of every buffer) carries magic, world, sizes and the `broken` word.
 //    A rank whose wait fails marks its own and every peer's header broken; every wait checks its
-//    own header and gives up at once when it is set.
+//    own header and gives up at once when it is set; a kernel that starts on a broken workspace
+//    records kPeerBroken (naming the rank that broke it) and fills its outputs with NaN (all-ones
+//    bytes) instead of computing them, so a call that did not run is never mistaken for one that
+//    did, also under CUDA-graph replay, where no host check runs between calls.
 
 #include <cstdint>
 
@@ -46,9 +52,12 @@ constexpr int64_t kLamportMaxTokens = 16;  // decode boundaries up to here use t
 constexpr int kMaxSimRanks = 8;            // ranks one launch can simulate (the harness)
 constexpr uint16_t kNegZeroBits = 0x8000;  // bf16 -0.0: "not arrived yet"
 
-// Default sizes: a mailbox slot holds 16 tokens of H = 8192 bf16; a half holds a sharded boundary
-// of 8192 tokens at H = 7168 for any world >= 2 (a call that needs more uses NCCL).
-constexpr int64_t kDefaultMailboxSlotBytes = kLamportMaxTokens * 8192 * 2;
+constexpr int64_t kLamportTagBytes = 16;  // the call's tag at the end of every mailbox slot
+
+// Default sizes: a mailbox slot holds 16 tokens of H = 8192 bf16 and the tag; a half holds a
+// sharded boundary of 8192 tokens at H = 7168 for any world >= 2 (a call that needs more uses
+// NCCL).
+constexpr int64_t kDefaultMailboxSlotBytes = kLamportMaxTokens * 8192 * 2 + kAlign;
 constexpr int64_t kDefaultHalfBytes = int64_t(192) << 20;
 
 // Byte offsets inside one rank's buffer; every region starts on a page.
@@ -87,6 +96,38 @@ MHC_SP_HOST_DEVICE constexpr int64_t mailbox_index(uint64_t lamport_call) {
 MHC_SP_HOST_DEVICE constexpr int64_t mailbox_slot_offset(const BufferLayout& L, int64_t mailbox,
                                                          int64_t src) {
   return L.mailbox_offset + (mailbox * L.world + src) * L.mailbox_slot_bytes;
+}
+
+// Where source `src`'s tag sits in `mailbox` (its rows take the slot's bytes before it).
+MHC_SP_HOST_DEVICE constexpr int64_t lamport_tag_offset(const BufferLayout& L, int64_t mailbox,
+                                                        int64_t src) {
+  return mailbox_slot_offset(L, mailbox, src) + L.mailbox_slot_bytes - kLamportTagBytes;
+}
+
+// Bytes of rows a mailbox slot holds (the tag takes the rest).
+MHC_SP_HOST_DEVICE constexpr int64_t lamport_row_bytes(const BufferLayout& L) {
+  return L.mailbox_slot_bytes - kLamportTagBytes;
+}
+
+// What a Lamport call is, as 8 bf16 lanes of 15 bits each (never 0x8000, the empty marker):
+// kind (Op), rows and inner size (2 lanes each), call number (3 lanes). Equal tags: the same call.
+struct LamportTag {
+  uint16_t lane[8];
+};
+
+MHC_SP_HOST_DEVICE constexpr LamportTag lamport_tag(Op kind, int64_t rows, int64_t inner,
+                                                    uint64_t call) {
+  LamportTag t{};
+  const uint64_t r = static_cast<uint64_t>(rows), i = static_cast<uint64_t>(inner);
+  t.lane[0] = static_cast<uint16_t>(static_cast<uint32_t>(kind) & 0x7fffu);
+  t.lane[1] = static_cast<uint16_t>(r & 0x7fffu);
+  t.lane[2] = static_cast<uint16_t>((r >> 15) & 0x7fffu);
+  t.lane[3] = static_cast<uint16_t>(i & 0x7fffu);
+  t.lane[4] = static_cast<uint16_t>((i >> 15) & 0x7fffu);
+  t.lane[5] = static_cast<uint16_t>(call & 0x7fffu);
+  t.lane[6] = static_cast<uint16_t>((call >> 15) & 0x7fffu);
+  t.lane[7] = static_cast<uint16_t>((call >> 30) & 0x7fffu);
+  return t;
 }
 
 MHC_SP_HOST_DEVICE constexpr int64_t half_index(uint64_t exchange_call) {
@@ -156,8 +197,16 @@ struct LocalState {
 enum ErrorCode : uint32_t {
   kNoError = 0,
   kTimeout = 1,     // waited past the group's timeout for `peer`
-  kMismatch = 2,    // `peer`'s call header differs from this rank's (another op, size or call)
-  kPeerBroken = 3,  // another rank had already marked the workspace broken (1 + its rank: peer)
+  kMismatch = 2,    // `peer`'s call header (or Lamport tag) differs from this rank's
+  kPeerBroken = 3,  // rank `peer` had already marked the workspace broken
+};
+
+// Where a failure happened (ErrorRecord::phase).
+enum Phase : uint32_t {
+  kPhaseMailbox = 0,  // a Lamport mailbox wait (or tag check)
+  kPhaseFirst = 1,    // the first barrier of an exchange (or its header check)
+  kPhaseSecond = 2,   // the second barrier
+  kPhaseStart = 3,    // the start of a call: the workspace was already broken, the call refused
 };
 
 // Written by the first failing thread of a rank into host-mapped memory (fields first, `code`
@@ -168,7 +217,7 @@ struct ErrorRecord {
   int32_t peer;        // the rank it waited for (or whose header disagreed)
   int32_t block;       // the block index of the wait
   uint32_t op;         // boundary::Op of the call
-  uint32_t phase;      // 0: Lamport mailbox, 1: first barrier, 2: second barrier
+  uint32_t phase;      // Phase
   uint64_t epoch;      // the epoch (or Lamport call number) waited for
   uint64_t waited_ns;  // how long it waited
 };
@@ -192,8 +241,9 @@ std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_
 enum class Path { kLamport, kExchange, kFallback };
 
 // The path of a reduction of `rows` bf16 rows of `inner` elements (replicated boundary or
-// all_reduce): Lamport when it fits a mailbox slot (and, for the fused layer, has at most
-// kLamportMaxTokens rows), the barrier exchange when it fits a half, else the fallback (NCCL).
+// all_reduce): Lamport when it fits a mailbox slot beside the tag (and, for the fused layer, has
+// at most kLamportMaxTokens rows), the barrier exchange when it fits a half, else the fallback
+// (NCCL).
 Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fused_layer);
 
 // The path of a barrier-exchanged call: kExchange when exchange_layout(h).need fits a half.
@@ -201,6 +251,27 @@ Path exchange_path(const BufferLayout& L, const CallHeader& h);
 
 // A failed wait as the ValueError/RuntimeError text the ops raise, naming the peer.
 std::string describe_error(const ErrorRecord& e, const std::string& group, double timeout_s);
+
+// The order of one workspace's calls across CUDA streams. Every call of a group uses the same
+// counters, mailboxes and halves, so two calls must never run at once: a call on another stream
+// than the previous one first waits for it (an event the workspace records after every call).
+// Under stream capture the chain is kept inside the capture (an event recorded outside a capture
+// cannot be waited on inside it; the capture itself starts after the eager work, and replays are
+// ordered by the stream they are launched on). Pure bookkeeping, so the CPU tests cover it; the
+// CUDA side (SymmWorkspace) issues the waits and records it asks for.
+class StreamChain {
+ public:
+  struct Step {
+    bool wait;      // the call's stream waits for the event of `captured`'s chain first
+    bool captured;  // which chain: the capture's (true) or the eager one
+  };
+  // A call on `stream` (an opaque id), inside the capture `capture_id` (0: not capturing).
+  Step next(uint64_t stream, uint64_t capture_id);
+
+ private:
+  uint64_t eager_stream_ = 0, capture_stream_ = 0, capture_id_ = 0;
+  bool eager_recorded_ = false;
+};
 
 }  // namespace mhc_sp::symm
 #endif

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device helpers shared by the mHC CUDA kernels: raw bf16 packs (16-byte vectors or single
-// values), round-to-nearest-even conversion, a block-wide sum, the bf16 tensor-core MMA and the
-// pairwise tree that fixes the projection's summation order.
+// values), round-to-nearest-even conversion, a block-wide sum and the bf16 tensor-core MMA (the
+// pairwise tree that fixes the projection's summation order is in mhc_sp/cuda/leaf_tree.h).
 // bf16 data is handled as raw uint16_t bits: c10::BFloat16 and __nv_bfloat16 are both plain
 // 2-byte values, so the launchers reinterpret the pointers.
 
@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "mhc_sp/cuda/leaf_tree.h"
 
 namespace mhc_sp::cuda {
 
@@ -76,6 +78,28 @@ struct Pack<1> {
   __device__ __forceinline__ static Pack zero() { return Pack{0}; }
 };
 
+// A thread's walk over items first, first + step, ... of a flattened (rows x per_row) loop: row
+// and column advance by addition, so the loop body does no (64-bit) division per item.
+struct RowWalk {
+  int64_t row;
+  int col;
+  int per_row, step_rows, step_cols;
+  __device__ __forceinline__ RowWalk(uint32_t first, int per_row_, uint32_t step)
+      : row(first / uint32_t(per_row_)),
+        col(static_cast<int>(first % uint32_t(per_row_))),
+        per_row(per_row_),
+        step_rows(static_cast<int>(step / uint32_t(per_row_))),
+        step_cols(static_cast<int>(step % uint32_t(per_row_))) {}
+  __device__ __forceinline__ void next() {
+    row += step_rows;
+    col += step_cols;
+    if (col >= per_row) {
+      col -= per_row;
+      ++row;
+    }
+  }
+};
+
 // Sum of `v` over the block; every thread gets the result. `scratch` holds >= 32 floats and
 // may be reused as soon as this returns (the trailing barrier protects it).
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
@@ -129,37 +153,5 @@ __device__ __forceinline__ void split_bf16x3(float v0, float v1, uint32_t& hi, u
   mid = parts[1];
   lo = parts[2];
 }
-
-// Pairwise sums of W-wide leaves in one tree fixed by the leaf count alone: leaf j is pushed j-th;
-// after the k-th push the two top nodes merge once for every trailing zero bit of k, so node
-// (level L, j) always holds leaves [j * 2^L, (j + 1) * 2^L). total() adds what is left from the
-// top (the rightmost, smallest node) down. Pushing the leaves of aligned power-of-two groups and
-// then the groups' totals gives bitwise the same sum as pushing every leaf: the projection's
-// blocks and its finish split the work however they like and still add in one order.
-template <int W, int kDepth>
-struct LeafTree {
-  float node[kDepth][W];
-  int depth = 0, pushed = 0;
-
-  __device__ __forceinline__ void push(const float (&leaf)[W]) {
-#pragma unroll
-    for (int w = 0; w < W; ++w) node[depth][w] = leaf[w];
-    ++depth;
-    for (int k = ++pushed; (k & 1) == 0; k >>= 1) {
-      --depth;
-#pragma unroll
-      for (int w = 0; w < W; ++w) node[depth - 1][w] += node[depth][w];
-    }
-  }
-
-  __device__ __forceinline__ void total(float (&out)[W]) const {
-#pragma unroll
-    for (int w = 0; w < W; ++w) out[w] = node[depth - 1][w];
-    for (int d = depth - 2; d >= 0; --d) {
-#pragma unroll
-      for (int w = 0; w < W; ++w) out[w] = node[d][w] + out[w];
-    }
-  }
-};
 
 }  // namespace mhc_sp::cuda

@@ -54,10 +54,11 @@ PrePlan plan_pre(int64_t T, int64_t H, int sms) {
   const int64_t chunks = (H + S::HC - 1) / S::HC;
   // Split H until there are about two blocks per SM; never more splits than chunks. A block takes
   // a power-of-two group of chunks (a subtree of the projection's summation tree, see LeafTree):
-  // how many only decides who adds what, never the order, so it may follow T and the GPU.
+  // how many only decides who adds what, never the order, so it may follow T and the GPU. At most
+  // 2^(kBlockLevels - 1) per block, so that the block's pending tree nodes stay in registers.
   const int64_t wanted = std::clamp<int64_t>((2 * int64_t(sms) + p.tiles - 1) / p.tiles, 1, chunks);
   p.per_split = 1;
-  while (p.per_split * wanted < chunks && p.per_split < (int64_t{1} << (kBlockLevels - 1))) {
+  while (p.per_split * wanted < chunks && p.per_split < (int64_t{1} << (S::kBlockLevels - 1))) {
     p.per_split *= 2;
   }
   p.splits = (chunks + p.per_split - 1) / p.per_split;

@@ -65,10 +65,10 @@ constexpr int kPostThreads = 256;
 template <int N, int V>
 __global__ void __launch_bounds__(kPostThreads) post_kernel(PostArgs a) {
   __shared__ float coef[N + N * N];
-  const int64_t items = a.T * a.spans;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t t = item / a.spans;
-    const int64_t h = (item % a.spans) * (kPostThreads * V) + int64_t(threadIdx.x) * V;
+#pragma unroll 1
+  for (RowWalk w(blockIdx.x, static_cast<int>(a.spans), gridDim.x); w.row < a.T; w.next()) {
+    const int64_t t = w.row;
+    const int64_t h = int64_t(w.col) * (kPostThreads * V) + int64_t(threadIdx.x) * V;
     __syncthreads();  // the previous item's readers are done with coef
     if (threadIdx.x < N) {
       coef[threadIdx.x] = a.post[t * N + threadIdx.x];

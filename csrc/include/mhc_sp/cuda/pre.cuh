@@ -39,12 +39,15 @@
 
 namespace mhc_sp::cuda {
 
-constexpr int kTileTokens = 64;               // tokens per projection block: 4 warps x m16
-constexpr int kProjThreads = 128;             // 4 warps
+constexpr int kTileTokens = 64;    // tokens per projection block: 4 warps x m16
+constexpr int kProjThreads = 128;  // 4 warps
+// project_kernel's occupancy target: three blocks per SM, i.e. at most 168 registers, which its
+// unrolled MMA loop and register tree fit without spilling (without a target ptxas may pick a
+// lower register count and spill).
+constexpr int kProjMinBlocks = 3;
 constexpr int kFusedMaxTokens = 16;           // up to here post + pre run as a single launch
 constexpr int kFinishTokens = 4;              // tokens per finish-kernel block iteration
 constexpr int kFinishThreads = kProjThreads;  // the collapse sums its norm over this many threads
-constexpr int kBlockLevels = 12;              // a block adds at most 2^(kBlockLevels - 1) chunks
 constexpr int kSplitLevels = 32;              // the finish adds any number of blocks' partials
 
 template <int N, Mode MODE>
@@ -58,8 +61,26 @@ struct PreShape {
   static constexpr int HC = (128 / NS) / 16 * 16 >= 16 ? (128 / NS) / 16 * 16 : 16;
   static constexpr int KC = NS * HC;  // k values per chunk
   static constexpr int LDX = KC + 8;  // padded row: A-fragment loads hit 32 distinct banks
+  // A chunk's leaf as one lane holds it: its MMA outputs (rows g, g + 8 of every n8 tile), then the
+  // squares of rows g and g + 8.
+  static constexpr int kLeaf = NT8 * 4 + 2;
   static constexpr int kStageBytes = kTileTokens * LDX * 2;
   static constexpr int kCoefs = MODE == Mode::PostPre ? kTileTokens * (N + N * N) : 1;
+  // Levels of a block's LeafTree: the lowest in registers (about 48 floats of pending nodes per
+  // lane), up to three more in shared memory as long as the block's static shared memory stays
+  // within 48 KB. A block adds at most 2^(kBlockLevels - 1) chunks (plan_pre splits H finer):
+  // 32 for hc_mult 4.
+  static constexpr int kRegLevels = 48 / kLeaf < 1 ? 1 : (48 / kLeaf > 6 ? 6 : 48 / kLeaf);
+  static constexpr int kTreeLevelBytes = kLeaf * kProjThreads * 4;
+  static constexpr int kSmemSpare = 47 * 1024 - kStageBytes - kCoefs * 4;
+  static constexpr int kSmemLevels =
+      kSmemSpare / kTreeLevelBytes > 3 ? 3 : kSmemSpare / kTreeLevelBytes;
+  // Wide leaves (hc_mult > 4) leave fewer than six such levels: up to twelve in all then, the rest
+  // in local memory (touched once every 2^(kRegLevels + kSmemLevels) chunks), rather than many
+  // more blocks' partial sums through global memory.
+  static constexpr int kFarLevels =
+      kRegLevels + kSmemLevels >= 6 ? 0 : 12 - kRegLevels - kSmemLevels;
+  static constexpr int kBlockLevels = kRegLevels + kSmemLevels + kFarLevels;
   // The fused finish reuses the staging buffer: mix sums, pre weights, reduction scratch.
   static constexpr int kFusedFinishBytes = (kFusedMaxTokens * (MP1 + N) + 32) * 4;
   static_assert(kFusedFinishBytes <= kStageBytes,
@@ -253,20 +274,31 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
   for (int r = 0; r < count; ++r) collapse_token<N, MODE, V>(a, t0 + r, pre_s + r * N, red);
 }
 
+// The projection's staging buffer (one per block of a kernel), which the fused finish reuses.
+template <int N, Mode MODE>
+__device__ __forceinline__ uint4* stage_memory() {
+  __shared__ uint4 stage_raw[(PreShape<N, MODE>::kStageBytes + 15) / 16];
+  return stage_raw;
+}
+
 // Work item `block` (of tiles * splits): token tile block / splits, H-slice block % splits.
 // kProjThreads threads. Also the body of the symmetric-memory boundary's kernels, which run
 // several items per block and pass their own x source; the summation order is the same.
+// Returns, in a fused launch, whether this block completed its tile's partials: the caller then
+// runs fused_finish for the tile (after its loop over items, when it has one, so that the
+// finish's registers never add to the loop's).
 template <int N, Mode MODE, int V, class XSrc>
-__device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int64_t block,
+__device__ __forceinline__ bool project_block(const PreArgs& a, bool fused, int64_t block,
                                               const XSrc& xsrc) {
   using S = PreShape<N, MODE>;
-  __shared__ uint4 stage_raw[(S::kStageBytes + 15) / 16];
+  uint4* stage_raw = stage_memory<N, MODE>();
   __shared__ float coef_s[S::kCoefs];
   __shared__ int is_last;
   uint16_t* Xs = reinterpret_cast<uint16_t*>(stage_raw);
 
-  const int64_t tile = block / a.splits;
-  const int split = static_cast<int>(block % a.splits);
+  const int item = static_cast<int>(block);  // plan_pre keeps the item count within an int
+  const int64_t tile = item / a.splits;
+  const int split = item % a.splits;
   const int64_t h_begin = int64_t(split) * a.chunks_per_split * S::HC;
   const int64_t h_end = min(a.H, h_begin + int64_t(a.chunks_per_split) * S::HC);
 
@@ -283,10 +315,13 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  // A chunk's leaf, as this lane holds it: its MMA outputs (rows g, g + 8), then the squares of
-  // rows g and g + 8.
-  constexpr int kLeaf = S::NT8 * 4 + 2;
-  LeafTree<kLeaf, kBlockLevels> tree;
+  constexpr int kLeaf = S::kLeaf;
+  // The tree's upper levels: this thread's column of tree_s (stride kProjThreads: no bank
+  // conflicts).
+  __shared__ float tree_s[S::kSmemLevels > 0 ? S::kSmemLevels * kLeaf * kProjThreads : 1];
+  LeafTree<kLeaf, S::kRegLevels, S::kSmemLevels, S::kFarLevels> tree;
+  tree.upper = tree_s + threadIdx.x;
+  tree.stride = kProjThreads;
   const uint16_t* xa = Xs + (warp * 16 + g) * S::LDX + 2 * c;
   const int64_t ldf = int64_t(S::NS) * a.H;  // fn row stride
 
@@ -370,7 +405,7 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
     part[r0 * S::MP1 + S::M] = acc[kLeaf - 2];
     part[r1 * S::MP1 + S::M] = acc[kLeaf - 1];
   }
-  if (!fused) return;
+  if (!fused) return false;
 
   // Last-block-done: every thread publishes its writes (partials, residual_out), then one
   // counter increment per block; the block that completes the tile runs its finish.
@@ -382,11 +417,18 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
     is_last = done == a.splits - 1;
   }
   __syncthreads();
-  if (!is_last) return;
+  return is_last != 0;
+}
+
+// The finish of fused tile `tile` (T <= kFusedMaxTokens: the only one) by the block whose
+// project_block returned true, in the staging buffer the projection is done with.
+template <int N, Mode MODE, int V>
+__device__ __forceinline__ void fused_finish(const PreArgs& a, int64_t tile) {
+  using S = PreShape<N, MODE>;
   __threadfence();
   if (threadIdx.x == 0) a.counters[tile] = 0;  // leave it zeroed (the launcher memsets it too)
   const int count = static_cast<int>(min(int64_t(kTileTokens), a.T - tile * kTileTokens));
-  float* scratch = reinterpret_cast<float*>(stage_raw);  // the projection is done with Xs
+  float* scratch = reinterpret_cast<float*>(stage_memory<N, MODE>());
   finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch,
                            scratch + kFusedMaxTokens * S::MP1,
                            scratch + kFusedMaxTokens * (S::MP1 + N));
@@ -394,8 +436,11 @@ __device__ __forceinline__ void project_block(const PreArgs& a, bool fused, int6
 
 // Grid: tiles * splits blocks, one work item each.
 template <int N, Mode MODE, int V>
-__global__ void __launch_bounds__(kProjThreads) project_kernel(PreArgs a, bool fused) {
-  project_block<N, MODE, V>(a, fused, blockIdx.x, DirectX{});
+__global__ void __launch_bounds__(kProjThreads, kProjMinBlocks)
+    project_kernel(PreArgs a, bool fused) {
+  if (project_block<N, MODE, V>(a, fused, blockIdx.x, DirectX{})) {
+    fused_finish<N, MODE, V>(a, static_cast<int>(blockIdx.x) / a.splits);
+  }
 }
 
 // Non-fused finish: blocks stride over groups of kFinishTokens tokens.

@@ -40,6 +40,11 @@ class SymmWorkspace {
   SymmWorkspace& operator=(const SymmWorkspace&) = delete;
 
   RankHandles handles(bool absent) const;
+  // Orders a call on `stream` after this workspace's previous call (StreamChain: a wait on the
+  // previous call's event when the stream changed); call_enqueued records the call's own event
+  // once its kernels are enqueued. Bookkeeping of call order only, hence const.
+  void order_call(cudaStream_t stream) const;
+  void call_enqueued(cudaStream_t stream) const;
   int64_t rank() const { return rank_; }
   int64_t world() const { return world_; }
   const BufferLayout& layout() const { return layout_; }
@@ -56,11 +61,15 @@ class SymmWorkspace {
   double timeout_s_;
   volatile ErrorRecord* error_host_ = nullptr;
   ErrorRecord* error_dev_ = nullptr;
+  mutable StreamChain chain_;
+  cudaEvent_t eager_done_ = nullptr, capture_done_ = nullptr;  // the last call's, per chain
+  mutable cudaEvent_t pending_ = nullptr;  // the event the call being enqueued will record
 };
 
 // fused_layer on every rank of `ranks` (production: this process's one; harness: every simulated
-// rank, `simulated` = one cooperative launch, rank `absent` never arriving when >= 0). Replicated
-// calls must fit the Lamport mailbox, sharded ones a half (reduction_path / exchange_path).
+// rank, `simulated` = one cooperative launch, rank `absent` never arriving when >= 0; the harness's
+// world of one can also take the production launch). Replicated calls must fit the Lamport
+// mailbox, sharded ones a half (reduction_path / exchange_path).
 std::vector<LayerOutputs> run_fused_layer(const std::vector<const SymmWorkspace*>& ranks,
                                           const std::vector<LayerTensors>& inputs,
                                           const MhcScalars& s, bool sharded, int64_t num_tokens,
@@ -75,7 +84,8 @@ bool run_collective(const std::vector<const SymmWorkspace*>& ranks, boundary::Op
 // The group's transport for CUDA tensors. fused_layer runs the one-kernel boundaries when the call
 // fits them (replicated: the Lamport mailbox; sharded: a half); every other fused call is composed
 // from this transport's collectives and the math ops, and a collective that does not fit the
-// buffer (or reduces another dtype than bf16) goes to the NCCL communicator kept as the fallback.
+// buffer (or reduces another dtype than bf16) goes to the NCCL communicator kept as the fallback
+// (none when ranks share a GPU: such a call raises).
 class SymmCommunicator final : public Communicator, public FusedBoundary {
  public:
   SymmCommunicator(std::string group, std::unique_ptr<SymmWorkspace> workspace,
@@ -92,11 +102,12 @@ class SymmCommunicator final : public Communicator, public FusedBoundary {
 
  private:
   bool collective(boundary::Op op, Tensor& out, const Tensor& in);
+  Communicator& fallback(const Tensor& in);  // ValueError when there is none
   bool kernels_take(const LayerArgs& a) const;
   GroupHandle handle() { return GroupHandle{ws_->rank(), ws_->world(), this}; }
   std::string group_;
   std::unique_ptr<SymmWorkspace> ws_;
-  std::unique_ptr<Communicator> fallback_;  // NCCL
+  std::unique_ptr<Communicator> fallback_;  // NCCL; null when the ranks share a GPU
 };
 
 // The single-GPU harness: `world` simulated ranks, each with its own buffer (plain device memory
