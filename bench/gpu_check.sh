@@ -124,8 +124,8 @@ step symm_harness "$T_SYMM" "$PY" bench/symm_harness.py --json "$OUT/symm_harnes
 # hidden size against the eager reference (torch.compile per shape would not fit); the full sweep,
 # compiled baseline included, is
 #   python -m mhc_sp.bench ops --device cuda --tokens 1,16,256,4096,16384 \
-#     --hidden 4096,7168 --json F
+#     --hidden-size 4096,7168 --json F
 step bench "$T_BENCH" "$PY" -m mhc_sp.bench ops --device cuda --json "$OUT/bench.json" \
-  --budget-s $((T_BENCH - 30)) --hidden 7168 --tokens 1,16,256,4096,16384 --compare eager \
+  --budget-s $((T_BENCH - 30)) --hidden-size 7168 --tokens 1,16,256,4096,16384 --compare eager \
   --repeats 10
 exit 0
