@@ -89,7 +89,7 @@ def test_every_claim_of_a_verdict_matches_the_table(intervals, max_capture):
         r["faster"] = decide.classify(r)
     threshold = decide.recommend(rows, max_capture)
     lines = decide.verdict(rows, threshold, 2, max_capture, 24)
-    table = report.format_table(rows, tune_cmd.present(doc_of(rows, threshold))[0])
+    table = report.format_table(rows, tune_cmd.present(doc_of(rows, threshold))[1])
     cells = {}
     for line in table.splitlines()[1:]:
         tokens, *_, speedup = re.split(r"\s{2,}", line.strip())[:4]
@@ -154,7 +154,8 @@ def test_tiny_tune_on_two_ranks(tmp_path, capfd):
     assert "allocator: " in err and "tune: rounds: 6/6" in err  # progress on stderr
     lines = stdout.strip().splitlines()
     assert lines[0] == "# mhc-sp-bench " + " ".join(argv[0:])
-    header = lines[1]
+    assert lines[1].startswith("SP at one layer boundary: hidden size 64, 4 streams, 2 cpu ranks")
+    header = lines[3]
     for column in ("tokens", "with SP, ms", "without SP, ms", "speedup, x", "faster"):
         assert column in header
     doc = json.loads(out["json"].read_text())

@@ -115,27 +115,28 @@ def prepare(argv: Optional[Sequence[str]] = None):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``mhc-sp-bench`` with ``argv`` (default: this process's arguments); returns the exit
     code (usage errors exit with 2 on their own)."""
+    environment = dict(os.environ)
     try:
         args = prepare(argv)
-        before = os.environ.get("GLIBC_TUNABLES")
         measures = getattr(args, "measures", None)
         if measures:
             line = allocator.apply(measures == "here", from_command_line=argv is None)
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+            flags.warn_busy(args.prog)
+        if getattr(args, "profile", None):
+            # The profiler library's own chatter (e.g. that it found no GPU) is not for users.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         started = time.time()
-        try:
-            code = int(args.func(args) or 0)
-        finally:
-            if argv is not None:  # called from Python: leave the environment as it was
-                if before is None:
-                    os.environ.pop("GLIBC_TUNABLES", None)
-                else:
-                    os.environ["GLIBC_TUNABLES"] = before
+        code = int(args.func(args) or 0)
         report_profile(args, started)
         return code
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if argv is not None:  # called from Python: leave the environment as it was
+            os.environ.clear()
+            os.environ.update(environment)
 
 
 def report_profile(args, started: float) -> None:

@@ -200,7 +200,7 @@ def present(doc: dict) -> tuple:
         "algbw_GB/s",
         "busbw_GB/s",
     ]
-    return columns, [], plot
+    return [], columns, [], plot
 
 
 def plot(ax, doc: dict) -> None:

@@ -388,3 +388,20 @@ def warn_oversubscribed(prog: str, ranks: int, threads: int) -> None:
             f"{cores} cores: the ranks take turns on the cores, so times include that wait",
             file=sys.stderr,
         )
+
+
+def warn_busy(prog: str) -> None:
+    """One line on stderr when other work already keeps this machine's cores busy: the times
+    then include waiting for a core (a rank, or a thread of a parallel op, that is switched
+    out holds up the others)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available here
+        return
+    cores = available_cores()
+    if load > cores:
+        print(
+            f"{prog}: warning: this machine is busy (load average {load:.1f} on {cores} cores): "
+            f"times include waiting for a core; compare runs made alike",
+            file=sys.stderr,
+        )

@@ -237,7 +237,7 @@ def present(doc: dict) -> tuple:
         report.col("hidden_size"),
         report.col("transport"),
         *(report.spread_col(f"{p}_us") for p in PATHS),
-        report.interval_col("speedup_x", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
+        report.interval_col("speedup_x [95% CI]", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
         report.col("x_separate"),
         *(
             report.col(k)
@@ -251,7 +251,7 @@ def present(doc: dict) -> tuple:
         f"{k}: {'no count measured' if v is None else decide.tokens_text([v])}"
         for k, v in cross.items()
     )
-    return columns, [line], plot
+    return [], columns, [line], plot
 
 
 def plot(ax, doc: dict) -> None:

@@ -147,7 +147,7 @@ def _finish(args, results: list[dict]) -> int:
                 extra={"warmup": args.warmup, "repeats": args.repeats},
                 argv=args.argv,
             )
-            report.publish(doc, args, lambda doc: (COLUMNS, result["report"], plot))
+            report.publish(doc, args, lambda doc: (result["report"], COLUMNS, [], plot))
     return max(result["code"] for result in results)
 
 
@@ -184,7 +184,7 @@ COLUMNS = [
 
 
 def present(doc: dict) -> tuple:
-    return COLUMNS, [], plot
+    return [], COLUMNS, [], plot
 
 
 def plot(ax, doc: dict) -> None:

@@ -120,7 +120,7 @@ def present(doc: dict) -> tuple:
         lines.append(
             f"budget reached: shapes not measured (hidden_size, tokens): {doc['skipped_shapes']}"
         )
-    return columns, lines, plot
+    return [], columns, lines, plot
 
 
 def plot(ax, doc: dict) -> None:

@@ -380,13 +380,14 @@ def run(args) -> int:
 
 def present(doc: dict) -> tuple:
     m = Machine(**doc["machine"])
-    lines = [f"assumed hardware: {m.describe()}"]
+    intro = [f"assumed hardware: {m.describe()}"]
     fit = doc.get("fit")
     if fit:
         fitted = Fit(m, fit["median_error"], fit["worst_error"], fit["points"])
-        lines.append(fitted.describe())
+        intro.append(fitted.describe())
         if fit["median_error"] > 0.25:
-            lines.append("the model fits these times poorly: treat its crossover with care")
+            intro.append("the model fits these times poorly: treat its crossover with care")
+    lines = []
     capture = doc["max_cudagraph_capture_size"]
     recommended = doc["recommended_sp_threshold"]
     for tp, n in recommended.items():
@@ -411,7 +412,7 @@ def present(doc: dict) -> tuple:
         "speedup_x",
         "crossover_tokens",
     ]
-    return columns, lines, plot
+    return intro, columns, lines, plot
 
 
 def plot(ax, doc: dict) -> None:

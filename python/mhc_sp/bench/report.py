@@ -100,7 +100,8 @@ def spread_col(key: str, header: Optional[str] = None) -> Column:
     """``median [p10-p90]`` of a time ``<name>_<unit>`` whose spread is ``<name>_p10_<unit>`` and
     ``<name>_p90_<unit>``."""
     name, unit = key.rsplit("_", 1)
-    return interval_col(header or key, key, f"{name}_p10_{unit}", f"{name}_p90_{unit}")
+    header = header or f"{key} [p10-p90]"
+    return interval_col(header, key, f"{name}_p10_{unit}", f"{name}_p90_{unit}")
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[Union[str, Column]]) -> str:
@@ -193,10 +194,13 @@ def mark_crossover(ax, tokens: Optional[int], label: str) -> None:
 
 def publish(doc: dict, args, present: Callable[[dict], tuple]) -> None:
     """Print a run's document and write the files the user asked for. ``present(doc)`` (each
-    subcommand's) returns the table's columns, the lines printed after it, and
-    ``plot(ax, doc)`` (or None); ``mhc-sp-bench show`` prints a recorded document the same way."""
-    columns, lines, plot = present(doc)
+    subcommand's) returns the lines printed before the table, the table's columns, the lines
+    printed after it, and ``plot(ax, doc)`` (or None); ``mhc-sp-bench show`` prints a recorded
+    document the same way."""
+    intro, columns, lines, plot = present(doc)
     print(f"# {doc['command']}")
+    for line in intro:
+        print(line)
     print(format_table(doc["rows"], columns))
     for line in lines:
         print(line)

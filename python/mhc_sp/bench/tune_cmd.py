@@ -253,7 +253,7 @@ def present(doc: dict) -> tuple:
         report.col("faster"),
         report.col("rounds"),
     ]
-    return columns, intro + doc["verdict"], plot
+    return intro, columns, doc["verdict"], plot
 
 
 def plot(ax, doc: dict) -> None:
