@@ -81,8 +81,8 @@ def verdict(
     else:
         at = next(r for r in rows if r["tokens"] == threshold)
         first = (
-            f"With SP (the stream split over {tp} ranks) a boundary is faster from "
-            f"{tokens_text([threshold])} on: {speedup_text(at)} at {threshold}"
+            f"SP (the stream split over {tp} ranks) is faster from {tokens_text([threshold])} "
+            f"on: {speedup_text(at)} at {threshold}"
         )
         if top is at:
             first += ", the largest count measured."

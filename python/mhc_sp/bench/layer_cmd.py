@@ -257,13 +257,18 @@ def present(doc: dict) -> tuple:
 def plot(ax, doc: dict) -> None:
     rows = doc["rows"]
     cross = doc["sharded_beats_replicated_from_tokens"]
-    for tp, t in dict.fromkeys((r["tensor_parallel_size"], r["transport"]) for r in rows):
+    keys = list(dict.fromkeys((r["tensor_parallel_size"], r["transport"]) for r in rows))
+    styles = ["-", "--", ":", "-."]
+    for k, (tp, t) in enumerate(keys):
         mine = [r for r in rows if (r["tensor_parallel_size"], r["transport"]) == (tp, t)]
-        for path in PATHS:
+        for color, path in enumerate(PATHS):  # one colour per path, one line style per key
             ax.plot(
                 [r["tokens"] for r in mine],
                 [r[f"{path}_us"] for r in mine],
                 marker="o",
+                markersize=3,
+                color=f"C{color}",
+                linestyle=styles[k % len(styles)],
                 label=f"{path} tp={tp} {t}",
             )
         at = cross[f"tp={tp} {t}"]

@@ -41,6 +41,8 @@ def environment(device: torch.device) -> dict:
         "allocator": allocator.IN_USE or allocator.describe(),
     }
     env.update({k: os.environ[k] for k in ("OMP_NUM_THREADS",) if k in os.environ})
+    if hasattr(os, "getloadavg"):  # how busy the machine was: other work shows in the times
+        env["load_average"] = [round(v, 2) for v in os.getloadavg()]
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     import mhc_sp

@@ -23,7 +23,9 @@ tune run, to estimate other sizes."""
 
 from __future__ import annotations
 
+import re
 import sys
+import textwrap
 
 import torch
 
@@ -236,14 +238,15 @@ def run(args) -> int:
 
 def present(doc: dict) -> tuple:
     """The table, the lines around it and the plot of a tune document."""
+    device = doc["environment"]["device"].split(":")[0]
     intro = [
-        f"SP at one layer boundary: hidden size {doc['hidden_size']}, {doc['hc_mult']} "
-        f"streams, {doc['tensor_parallel_size']} {doc['environment']['device'].split(':')[0]} "
-        f"ranks (transport {doc['transport']}, {doc['threads_per_rank']} thread(s) per rank), "
-        f"{doc['repeats']} interleaved rounds (up to {EXTEND * doc['repeats']} for counts "
-        f"not settled by then).",
-        f"Times: the slowest rank's, median [p10-p90]. Speedup: without SP / with SP, median of "
-        f"the paired rounds [{decide.CONFIDENCE:.0%} CI].",
+        f"One layer boundary, hidden size {doc['hidden_size']}, {doc['hc_mult']} streams, on "
+        f"{doc['tensor_parallel_size']} {device} ranks (transport {doc['transport']}, "
+        f"{doc['threads_per_rank']} thread(s) each).",
+        f"{doc['repeats']} interleaved rounds, up to {EXTEND * doc['repeats']} for counts not "
+        f"settled by then.",
+        f"Times: the slowest rank's, median [p10-p90]; speedup: without / with SP, median "
+        f"[{decide.CONFIDENCE:.0%} CI].",
     ]
     columns = [
         report.col("tokens"),
@@ -253,7 +256,22 @@ def present(doc: dict) -> tuple:
         report.col("faster"),
         report.col("rounds"),
     ]
-    return intro, columns, doc["verdict"], plot
+    said = decide.verdict(
+        doc["rows"],
+        doc["recommended_sp_threshold"],
+        doc["tensor_parallel_size"],
+        doc["max_cudagraph_capture_size"],
+        doc["repeats"],
+    )
+    verdict = [part for line in said for part in wrap(line)]
+    return intro, columns, verdict, plot
+
+
+def wrap(line: str, width: int = 100) -> list[str]:
+    """``line`` in lines of at most ``width``, a quoted speedup (``1.23x [1.1-1.4] at 16``) never
+    split."""
+    keep = re.sub(r"\d+\.\d\dx \[[^\]]*\] at \d+", lambda m: m[0].replace(" ", "\0"), line)
+    return [part.replace("\0", " ") for part in textwrap.wrap(keep, width)]
 
 
 def plot(ax, doc: dict) -> None:
