@@ -178,6 +178,10 @@ BAD = [
     (["model", "--timeout", "0"], "--timeout"),
     (["model", "-tp", "2", "--sp-threshold", "8", "--max-cudagraph-capture-size", "8"], "8"),
     (["show", "missing.json"], "missing.json"),
+    (["ops", "--tokens", "1000000", "--hidden-size", "65536"], "--tokens, --hidden-size"),
+    (["tune", "--tokens", "65536", "--hidden-size", "65536"], "--tokens, --hidden-size"),
+    (["comm", "--sizes", "1T"], "--sizes"),
+    (["comm", "--sizes", "1024G"], "--sizes"),
     (["no-such-command"], "no-such-command"),
     (["--tp", "2"], "--tp"),
 ]

@@ -145,14 +145,18 @@ def test_interval_statistics():
 
 
 def test_tiny_tune_on_two_ranks(tmp_path, capfd):
-    out = {k: tmp_path / f"tune.{k}" for k in ("json", "csv", "png")}
+    out = {k: tmp_path / f"tune.{k}" for k in ("json", "csv", "png", "trace")}
     argv = ["tune", "-tp", "2", "--hidden-size", "64", "--tokens", "1,8", "--warmup", "0"]
     argv += ["--repeats", "6", "--max-cudagraph-capture-size", "4", "--device", "cpu"]
     argv += ["--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"])]
+    argv += ["--profile", "torch", "--trace", str(out["trace"])]
     code = cli.main(argv)
     stdout, err = capfd.readouterr()
     assert code == 0, err
     assert "allocator: " in err and "tune: rounds: 6/6" in err  # progress on stderr
+    assert f"profile torch: trace written to {out['trace']}" in err
+    events = json.loads(out["trace"].read_text())["traceEvents"]
+    assert any(e.get("name") == "mhc_sp::fused_layer" for e in events)  # rank 0's boundaries
     lines = stdout.strip().splitlines()
     assert lines[0] == "# mhc-sp-bench " + " ".join(argv[0:])
     assert lines[1].startswith("One layer boundary, hidden size 64, 4 streams, on 2 cpu ranks")

@@ -133,6 +133,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
+            raise
+        print(f"{PROG}: out of memory: measure fewer or smaller cases", file=sys.stderr)
+        return 1
     finally:
         if argv is not None:  # called from Python: leave the environment as it was
             os.environ.clear()

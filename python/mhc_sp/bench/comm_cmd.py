@@ -123,6 +123,9 @@ def check(args) -> None:
     from .tune_cmd import check_ranks
 
     check_ranks(args.prog, args.device, max(args.tensor_parallel_size), args.transport)
+    if args.device == "cpu":  # every size's buffers and outputs stay on every rank
+        need = max(args.tensor_parallel_size) * 3 * sum(args.sizes)
+        flags.check_memory(args.prog, need, "--sizes")
 
 
 def run(args) -> int:

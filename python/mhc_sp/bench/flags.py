@@ -405,3 +405,33 @@ def warn_busy(prog: str) -> None:
             f"times include waiting for a core; compare runs made alike",
             file=sys.stderr,
         )
+
+
+def case_bytes(tokens: int, hidden: int, n: int) -> int:
+    """About the most memory one boundary or op case of ``tokens`` x ``hidden`` holds at once on a
+    rank: the stream as drawn (fp32) and stored (bf16), its output and an fp32 copy of it (the
+    reference's), the hidden-sized tensors, the projection weights."""
+    return 16 * tokens * n * hidden + 8 * tokens * hidden + 4 * n * (n + 2) * n * hidden
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to new work (Linux ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(prog: str, need: int, flags_named: str) -> None:
+    """Refuse a run whose cases cannot fit in this machine's memory, before it starts."""
+    have = available_memory()
+    if have is not None and need > have:
+        usage_error(
+            prog,
+            f"{flags_named}: these sizes need about {need / 2**30:.1f} GiB of memory, this "
+            f"machine has {have / 2**30:.1f} GiB available",
+        )

@@ -134,6 +134,10 @@ def check(args) -> None:
     check_ranks(args.prog, args.device, max(args.tensor_parallel_size), args.transport)
     tps = args.tensor_parallel_size
     args.threads = flags.threads_per_rank(max(tps), args.threads) if args.device == "cpu" else 1
+    if args.device == "cpu":  # every count's inputs stay on every rank, once per transport
+        per_rank = sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        need = max(tps) * len(args.transport) * per_rank
+        flags.check_memory(args.prog, need, "--tokens, --hidden-size, --transport")
 
 
 def rows_from_samples(per_rank: list[dict], world: int, tokens: list[int], H: int) -> list[dict]:

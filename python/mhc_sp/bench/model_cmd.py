@@ -122,6 +122,13 @@ def run_model(args: argparse.Namespace) -> int:
     exit 2 from :func:`check`)."""
     engine = args.engine
     world = engine.parallel.world_size
+    if not _under_torchrun() or os.environ["RANK"] == "0":
+        print(
+            f"model: {len(args.tokens)} token count(s) x ({args.warmup} warm-up + "
+            f"{args.repeats} timed forwards) on {world} {args.device} rank(s) ...",
+            file=sys.stderr,
+            flush=True,
+        )
     if _under_torchrun():
         rank = int(os.environ["RANK"])
         return _finish(args, [_rank_main(rank, world, "env://", args, engine)])
@@ -238,8 +245,10 @@ def _rank_main(
         runner = ModelRunner(engine, groups, device)
         code, lines, rows = 0, [], []
         with profiled(args.profile if rank == 0 else None, args.trace):  # rank 0 feeds a profiler
-            for T in args.tokens:
+            for k, T in enumerate(args.tokens, 1):
                 result = _run_tokens(T, args, engine, groups, runner, device)
+                if rank == 0:
+                    print(f"model: {T} tokens done ({k}/{len(args.tokens)})", file=sys.stderr)
                 code = max(code, result["code"])
                 if result["summary"] is not None:
                     lines += result["report"]

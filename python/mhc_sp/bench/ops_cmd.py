@@ -83,7 +83,15 @@ def register(subparsers) -> None:
     flags.add_threads(p, help="CPU threads")
     flags.add_timing(p)
     flags.add_outputs(p)
-    p.set_defaults(func=run, measures="here")
+    p.set_defaults(func=run, validate=check, measures="here")
+
+
+def check(args) -> None:
+    if args.device == "cpu":  # one shape at a time, its op and baselines side by side
+        need = max(
+            2 * flags.case_bytes(T, H, args.hc_mult) for H in args.hidden_size for T in args.tokens
+        )
+        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 def run(args) -> int:

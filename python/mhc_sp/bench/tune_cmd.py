@@ -79,6 +79,9 @@ def check(args) -> None:
     capture = args.max_cudagraph_capture_size
     args.tokens = sorted(set(args.tokens) | ({capture + 1} if capture else set()))
     args.threads = flags.threads_per_rank(tp, args.threads) if args.device == "cpu" else 1
+    if args.device == "cpu":  # every count's inputs stay on every rank for the whole run
+        need = tp * sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
