@@ -121,8 +121,8 @@ def no_work(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("work started before the flags were checked")
 
-    for module in ("tune_cmd", "layer_cmd", "comm_cmd", "model_cmd"):
-        monkeypatch.setattr(f"mhc_sp.bench.{module}.run_world", refuse)
+    monkeypatch.setattr("mhc_sp.launch.run_world", refuse)  # tune, layer, comm
+    monkeypatch.setattr("mhc_sp.bench.model_cmd.run_world", refuse)
     monkeypatch.setattr("mhc_sp.bench.ops_cmd.measure", refuse)
 
 

@@ -15,10 +15,9 @@ import sys
 
 import torch
 
-from ..launch import run_world
 from ..profiling import profiled
 from . import flags, report
-from .timing import pin_rank, rank_device, sample_across_ranks, slowest_rank, spread
+from .timing import pin_rank, rank_device, run_ranks, sample_across_ranks, slowest_rank, spread
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -113,9 +112,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type")
     flags.add_transport(p, sweep=False)
-    flags.add_device(p)
-    flags.add_timing(p)
-    flags.add_outputs(p)
+    flags.add_measuring(p, threads=False)
     p.set_defaults(func=run, validate=check, measures="ranks")
 
 
@@ -141,24 +138,22 @@ def run(args) -> int:
                 f"{args.dtype} rows of every rank (size_B shows what was measured)",
                 file=sys.stderr,
             )
-        try:
-            per_rank = run_world(
-                world,
-                _worker,
-                args.sizes,
-                args.dtype,
-                args.warmup,
-                args.repeats,
-                device.type,
-                args.transport,
-                args.profile,
-                args.trace,
-                backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
-                threads=1,
-                timeout=1800,
-            )
-        except AssertionError as e:  # a rank failed: its traceback, no second one from here
-            print(f"{args.prog}: {e}", file=sys.stderr)
+        per_rank = run_ranks(
+            args.prog,
+            world,
+            _worker,
+            args.sizes,
+            args.dtype,
+            args.warmup,
+            args.repeats,
+            device.type,
+            args.transport,
+            args.profile,
+            args.trace,
+            device_type=device.type,
+            threads=1,
+        )
+        if per_rank is None:
             return 1
         for size in args.sizes:
             count = buffer_rows(size, args.dtype, world)

@@ -68,35 +68,20 @@ class Parser(argparse.ArgumentParser):
 # ---- value types ----------------------------------------------------------------------------
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``minimum``."""
+def int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
+    """argparse type: an integer in [lo, hi] (no upper bound when ``hi`` is None)."""
+    domain = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        if value is None or value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"expected an integer {domain}, got {text!r}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """argparse type: an integer in [lo, hi]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}], got {text!r}")
-        return value
-
-    parse.__name__ = f"integer in [{lo}, {hi}]"
+    parse.__name__ = f"integer {domain}"
     return parse
 
 
@@ -166,10 +151,10 @@ def add_tensor_parallel_size(p, default, sweep: bool, minimum: int = 2) -> None:
         "--tensor-parallel-size",
         "-tp",
         dest="tensor_parallel_size",
-        type=int_list(minimum) if sweep else int_at_least(minimum),
+        type=int_list(minimum) if sweep else int_in(minimum),
         default=default,
         metavar="N[,N...]" if sweep else "N",
-        help="tensor-parallel ranks" + (" (comma list, each measured)" if sweep else ""),
+        help="tensor-parallel ranks" + (" (comma list: each in turn)" if sweep else ""),
     )
 
 
@@ -189,10 +174,10 @@ def add_tokens(p, default, sweep: bool = True, minimum: int = 1, help: str = "")
     """``--tokens``: token counts (a comma list where the subcommand sweeps)."""
     p.add_argument(
         "--tokens",
-        type=int_list(minimum) if sweep else int_at_least(minimum),
+        type=int_list(minimum) if sweep else int_in(minimum),
         default=default,
         metavar="T[,T...]" if sweep else "T",
-        help=help or ("token counts to measure (comma list)" if sweep else "tokens"),
+        help=help or ("token counts (comma list)" if sweep else "tokens"),
     )
 
 
@@ -212,7 +197,7 @@ def add_device(p) -> None:
     )
 
 
-def add_threads(p, help: str = "CPU threads per rank") -> None:
+def add_threads(p, help: str = "CPU threads (per rank where there are ranks)") -> None:
     p.add_argument(
         "--threads",
         type=positive_int,
@@ -255,6 +240,16 @@ def add_timing(p) -> None:
         metavar="N",
         help="timed samples of each measured case",
     )
+
+
+def add_measuring(p, threads: bool = True) -> None:
+    """The flags of every command that measures: where, with how many threads, how often, and
+    where the results and the profile go."""
+    add_device(p)
+    if threads:
+        add_threads(p)
+    add_timing(p)
+    add_outputs(p)
 
 
 def add_outputs(p, csv: bool = True, plot: bool = True, profile: bool = True) -> None:

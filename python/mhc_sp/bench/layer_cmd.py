@@ -20,7 +20,6 @@ import sys
 import torch
 
 from .. import reference as R
-from ..launch import run_world
 from ..profiling import profiled
 from ..testing import random_inputs
 from . import decide, flags, report
@@ -29,6 +28,7 @@ from .timing import (
     paired_ratios,
     pin_rank,
     rank_device,
+    run_ranks,
     sample_across_ranks,
     slowest_rank,
     spread,
@@ -121,10 +121,7 @@ def register(subparsers) -> None:
     flags.add_hidden_size(p, 4096, sweep=False)
     flags.add_hc_mult(p)
     flags.add_transport(p, sweep=True)
-    flags.add_device(p)
-    flags.add_threads(p)
-    flags.add_timing(p)
-    flags.add_outputs(p)
+    flags.add_measuring(p)
     p.set_defaults(func=run, validate=check, measures="ranks")
 
 
@@ -196,25 +193,23 @@ def run(args) -> int:
             file=sys.stderr,
             flush=True,
         )
-        try:
-            per_rank = run_world(
-                world,
-                _worker,
-                args.tokens,
-                args.hidden_size,
-                args.hc_mult,
-                args.warmup,
-                args.repeats,
-                device.type,
-                args.transport,
-                args.profile,
-                args.trace,
-                backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
-                threads=args.threads,
-                timeout=1800,
-            )
-        except AssertionError as e:  # a rank failed: its traceback, no second one from here
-            print(f"{args.prog}: {e}", file=sys.stderr)
+        per_rank = run_ranks(
+            args.prog,
+            world,
+            _worker,
+            args.tokens,
+            args.hidden_size,
+            args.hc_mult,
+            args.warmup,
+            args.repeats,
+            device.type,
+            args.transport,
+            args.profile,
+            args.trace,
+            device_type=device.type,
+            threads=args.threads,
+        )
+        if per_rank is None:
             return 1
         rows += rows_from_samples(per_rank, world, args.tokens, args.hidden_size)
     doc = report.document(

@@ -48,8 +48,7 @@ def register(subparsers) -> None:
         "requests take the remainder); draft steps after the first run on the last token of "
         "each",
     )
-    flags.add_device(run)
-    flags.add_timing(run)
+    flags.add_measuring(run, threads=False)
     run.add_argument(
         "--timeout",
         type=flags.positive_float,
@@ -63,7 +62,6 @@ def register(subparsers) -> None:
         help="compare the logits and each draft step with tp=1; print "
         "max_abs_diff=<value>; exit 1 above tolerance",
     )
-    flags.add_outputs(run)
     p.set_defaults(func=run_model, validate=check)
 
 

@@ -79,10 +79,7 @@ def register(subparsers) -> None:
         help="start no new shape after this many seconds (0: no limit; the first shape always "
         "runs)",
     )
-    flags.add_device(p)
-    flags.add_threads(p, help="CPU threads")
-    flags.add_timing(p)
-    flags.add_outputs(p)
+    flags.add_measuring(p)
     p.set_defaults(func=run, validate=check, measures="here")
 
 

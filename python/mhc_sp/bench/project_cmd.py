@@ -54,12 +54,13 @@ class Machine:
         )
 
 
-#: The constants in the order of the model's terms: (field, flag, term it multiplies, unit).
+#: The constants in the order of the model's terms: (field, flag, term it multiplies, argparse
+#: type, help).
 CONSTANTS = (
-    ("link_latency_us", "--link-latency-us", "steps", "us per ring step"),
-    ("link_gbps", "--link-gbps", "bus_bytes", "GB/s link"),
-    ("hbm_gbps", "--hbm-gbps", "mem_bytes", "GB/s memory"),
-    ("launch_us", "--launch-us", "launches", "us per launch"),
+    ("link_latency_us", "--link-latency-us", "steps", "non_negative", "latency per ring step, us"),
+    ("link_gbps", "--link-gbps", "bus_bytes", "positive", "link bandwidth per direction, GB/s"),
+    ("hbm_gbps", "--hbm-gbps", "mem_bytes", "positive", "memory bandwidth, GB/s"),
+    ("launch_us", "--launch-us", "launches", "non_negative", "time per kernel launch, us"),
 )
 
 
@@ -206,7 +207,7 @@ def calibrate(doc: dict, n: int = 4, name: str = "fitted") -> Fit:
     if len({(t[1], t[3]) for t in times}) < 2 or len(times) < 4:
         raise ValueError("need times at 2 or more token counts (4 or more times) to fit")
     terms = [path_terms(path, T, H, n, tp) for path, T, H, tp, _ in times]
-    A = np.array([[t[term] for _, _, term, _ in CONSTANTS] for t in terms], dtype=float)
+    A = np.array([[t[c[2]] for c in CONSTANTS] for t in terms], dtype=float)
     b = np.array([t[-1] for t in times], dtype=float)
     if not (b > 0).all():
         raise ValueError("every measured time must be positive")
@@ -229,12 +230,12 @@ def calibrate(doc: dict, n: int = 4, name: str = "fitted") -> Fit:
         raise ValueError("no fit with positive constants exists for these times")
     coef = best[1]
     rank = np.linalg.matrix_rank(A / scale)
-    zero = [flag for (_, flag, _, _), c in zip(CONSTANTS, coef) if c <= 0]
+    zero = [const[1] for const, c in zip(CONSTANTS, coef) if c <= 0]
     # A constant whose term adds under 0.1% to every time is not measured by these times.
     share = (A * coef).max(0)
-    faint = [flag for (_, flag, _, _), c, s in zip(CONSTANTS, coef, share) if c > 0 and s < 1e-3]
+    faint = [const[1] for const, c, s in zip(CONSTANTS, coef, share) if c > 0 and s < 1e-3]
     if zero or faint or rank < len(CONSTANTS):
-        missing = [flag for _, flag, _, _ in CONSTANTS if flag in zero + faint]
+        missing = [const[1] for const in CONSTANTS if const[1] in zero + faint]
         what = ", ".join(missing) if missing else "the four constants"
         raise ValueError(
             f"degenerate fit: these times do not determine {what}; measure more token counts "
@@ -275,34 +276,9 @@ def register(subparsers) -> None:
     flags.add_hidden_size(p, 4096, sweep=False)
     flags.add_hc_mult(p)
     flags.add_tokens(p, [1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384])
-    p.add_argument(
-        "--link-gbps",
-        type=flags.positive_float,
-        default=d.link_gbps,
-        metavar="GB/s",
-        help="link bandwidth per direction per GPU",
-    )
-    p.add_argument(
-        "--link-latency-us",
-        type=flags.non_negative_float,
-        default=d.link_latency_us,
-        metavar="US",
-        help="latency per ring step",
-    )
-    p.add_argument(
-        "--hbm-gbps",
-        type=flags.positive_float,
-        default=d.hbm_gbps,
-        metavar="GB/s",
-        help="memory bandwidth",
-    )
-    p.add_argument(
-        "--launch-us",
-        type=flags.non_negative_float,
-        default=d.launch_us,
-        metavar="US",
-        help="time per kernel launch",
-    )
+    types = {"positive": flags.positive_float, "non_negative": flags.non_negative_float}
+    for field, flag, _, kind, text in CONSTANTS:
+        p.add_argument(flag, type=types[kind], default=getattr(d, field), metavar="X", help=text)
     p.add_argument(
         "--calibrate",
         type=readable_json,

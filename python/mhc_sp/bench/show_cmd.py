@@ -25,10 +25,17 @@ def load(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"{text} is not a JSON file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise argparse.ArgumentTypeError(f"{text} has no result rows")
-    if presenter(doc.get("kind")) is None:
+    present = presenter(doc.get("kind"))
+    if present is None:
         raise argparse.ArgumentTypeError(
             f"{text}: results of kind {doc.get('kind')!r} have no view"
         )
+    try:
+        report.format_table(doc["rows"], present(doc)[1])
+    except (KeyError, TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(
+            f"{text} lacks {e} (written by another version of mhc-sp-bench?)"
+        ) from None
     return doc
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -247,6 +248,20 @@ def median_interval(
 def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
     """Sample-by-sample ratios of two ways timed in the same rounds."""
     return [a / b for a, b in zip(numerator, denominator)]
+
+
+def run_ranks(prog: str, world: int, fn, *args, device_type: str, threads: int):
+    """``fn(rank, world, *args)`` on ``world`` spawned ranks (gloo on CPU; one GPU per rank with
+    NCCL on CUDA); returns the per-rank results, or None when a rank failed (its traceback is
+    printed: that is a fault to report, not a usage error)."""
+    from ..launch import run_world
+
+    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    try:
+        return run_world(world, fn, *args, backend=backend, threads=threads, timeout=1800)
+    except AssertionError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
 
 
 def rank_device(device_type: str) -> torch.device:

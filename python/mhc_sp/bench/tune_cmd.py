@@ -30,7 +30,6 @@ import textwrap
 import torch
 
 from ..config import EngineArgs
-from ..launch import run_world
 from ..profiling import profiled
 from . import decide, flags, report
 from .layer_cmd import boundary_case
@@ -39,6 +38,7 @@ from .timing import (
     paired_ratios,
     pin_rank,
     rank_device,
+    run_ranks,
     sample_across_ranks,
     slowest_rank,
     spread,
@@ -63,11 +63,8 @@ def register(subparsers) -> None:
     )
     flags.add_tokens(p, TOKENS)
     flags.add_hc_mult(p)
-    flags.add_device(p)
     flags.add_transport(p, sweep=False)
-    flags.add_threads(p)
-    flags.add_timing(p)
-    flags.add_outputs(p)
+    flags.add_measuring(p)
     p.set_defaults(func=run, validate=check, measures="ranks")
 
 
@@ -190,25 +187,23 @@ def run(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    try:
-        per_rank = run_world(
-            tp,
-            _measure,
-            args.tokens,
-            H,
-            args.hc_mult,
-            args.warmup,
-            args.repeats,
-            device.type,
-            args.transport,
-            args.profile,
-            args.trace,
-            backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
-            threads=args.threads,
-            timeout=1800,
-        )
-    except AssertionError as e:  # a rank failed: its traceback, no second one from here
-        print(f"{args.prog}: {e}", file=sys.stderr)
+    per_rank = run_ranks(
+        args.prog,
+        tp,
+        _measure,
+        args.tokens,
+        H,
+        args.hc_mult,
+        args.warmup,
+        args.repeats,
+        device.type,
+        args.transport,
+        args.profile,
+        args.trace,
+        device_type=device.type,
+        threads=args.threads,
+    )
+    if per_rank is None:
         return 1
     rows = rows_from_samples(per_rank, args.tokens)
     capture = args.max_cudagraph_capture_size
