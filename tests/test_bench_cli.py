@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mhc_sp.bench import cli, ops_cmd
+from mhc_sp.bench import cli, decide, ops_cmd
 from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover, path_terms
 from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
@@ -364,3 +364,43 @@ def test_torch_profile_trace_and_plot(tmp_path, capsys):
     png = tmp_path / "plot.png"
     run_cli(tmp_path, "project", "-tp", "2", "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_layer_quick_over_both_transports(tmp_path, capsys):
+    csv_path = tmp_path / "layer.csv"
+    doc = run_cli(
+        tmp_path,
+        "layer",
+        "-tp",
+        "2",
+        "--tokens",
+        "3,8",
+        "--hidden-size",
+        "64",
+        "--transport",
+        "shm,gloo",
+        "--repeats",
+        "3",
+        "--warmup",
+        "0",
+        "--csv",
+        str(csv_path),
+    )
+    rows = doc["rows"]
+    assert [(r["tokens"], r["transport"]) for r in rows] == [
+        (3, "shm"),
+        (3, "gloo"),
+        (8, "shm"),
+        (8, "gloo"),
+    ]
+    for r in rows:
+        for path in ("fused_sharded", "fused_replicated", "separate_sharded"):
+            assert 0 < r[f"{path}_p10_us"] <= r[f"{path}_us"] <= r[f"{path}_p90_us"]
+        assert r["speedup_lo_x"] <= r["speedup_x"] <= r["speedup_hi_x"]
+        assert r["faster"] == decide.classify(r) and r["x_separate"] > 0
+    assert [r["x_gloo"] for r in rows if r["transport"] == "gloo"] == [1.0, 1.0]
+    for t in ("shm", "gloo"):
+        mine = [r for r in rows if r["transport"] == t]
+        assert doc["sharded_beats_replicated_from_tokens"][f"tp=2 {t}"] == decide.recommend(mine)
+    assert "sharded beats replicated from: tp=2 shm: " in capsys.readouterr().out
+    assert csv_path.read_text().splitlines()[1].startswith("tensor_parallel_size,tokens,")

@@ -15,9 +15,8 @@ import sys
 
 import torch
 
-from ..profiling import profiled
 from . import flags, report
-from .timing import pin_rank, rank_device, run_ranks, sample_across_ranks, slowest_rank, spread
+from .timing import Sampling, run_ranks, slowest_rank, spread
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -68,16 +67,12 @@ def buffer_rows(size: int, dtype_name: str, world: int) -> int:
     return max(world, size // item // world * world)
 
 
-def _worker(
-    rank, world, sizes, dtype_name, warmup, repeats, device_type, transport, profile, trace
-):
+def _worker(rank: int, world: int, how: Sampling, sizes: list[int], dtype_name: str, transport):
     import mhc_sp.distributed as msd
     from mhc_sp import ops
 
-    device = rank_device(device_type)
-    if device_type == "cpu":
-        pin_rank(rank, world, torch.get_num_threads())
-    group = msd.init(device=device_type, transport=transport)
+    device = how.rank_device(rank, world)
+    group = msd.init(device=how.device_type, transport=transport)
     dtype = DTYPES[dtype_name]
     cases = {}
     for size in sizes:
@@ -89,10 +84,8 @@ def _worker(
             "all_gather": lambda shard=shard: ops.all_gather(shard, group),
             "all_reduce": lambda full=full: ops.all_reduce(full, group),
         }
-    show = report.Progress(f"comm -tp {world}: rounds", repeats) if rank == 0 else None
-    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
-        samples = sample_across_ranks(cases, device, warmup, repeats, progress=show)
-    return {"transport": msd.transport(group, device_type), "samples": samples}
+    samples = how.sample(rank, cases, f"comm -tp {world}")
+    return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
 def register(subparsers) -> None:
@@ -120,6 +113,7 @@ def check(args) -> None:
     from .tune_cmd import check_ranks
 
     check_ranks(args.prog, args.device, max(args.tensor_parallel_size), args.transport)
+    args.threads = 1  # collectives copy; the ranks share the cores
     if args.device == "cpu":  # every size's buffers and outputs stay on every rank
         need = max(args.tensor_parallel_size) * 3 * sum(args.sizes)
         flags.check_memory(args.prog, need, "--sizes")
@@ -142,16 +136,10 @@ def run(args) -> int:
             args.prog,
             world,
             _worker,
+            Sampling.of(args),
             args.sizes,
             args.dtype,
-            args.warmup,
-            args.repeats,
-            device.type,
             args.transport,
-            args.profile,
-            args.trace,
-            device_type=device.type,
-            threads=1,
         )
         if per_rank is None:
             return 1

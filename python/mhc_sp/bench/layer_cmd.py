@@ -20,19 +20,9 @@ import sys
 import torch
 
 from .. import reference as R
-from ..profiling import profiled
 from ..testing import random_inputs
 from . import decide, flags, report
-from .timing import (
-    median_interval,
-    paired_ratios,
-    pin_rank,
-    rank_device,
-    run_ranks,
-    sample_across_ranks,
-    slowest_rank,
-    spread,
-)
+from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
 
@@ -71,31 +61,19 @@ def boundary_case(T: int, H: int, n: int, rank: int, world: int, group: str, dev
 
 
 def _worker(
-    rank: int,
-    world: int,
-    tokens: list[int],
-    H: int,
-    n: int,
-    warmup: int,
-    repeats: int,
-    device_type: str,
-    transports: list[str],
-    profile,
-    trace,
+    rank: int, world: int, how: Sampling, tokens: list[int], H: int, n: int, transports: list[str]
 ) -> dict:
     """This rank's samples of every (transport, path) at every count."""
     import torch.distributed as dist
 
     import mhc_sp.distributed as msd
 
-    device = rank_device(device_type)
-    if device_type == "cpu":
-        pin_rank(rank, world, torch.get_num_threads())
+    device = how.rank_device(rank, world)
     groups = {}
     for k, requested in enumerate(transports):  # WORLD for the first, a group of all ranks after
         pg = None if k == 0 else dist.new_group(list(range(world)))
-        name = msd.init(pg, device=device_type, transport=requested)
-        groups[msd.transport(name, device_type)] = name
+        name = msd.init(pg, device=how.device_type, transport=requested)
+        groups[msd.transport(name, how.device_type)] = name
     cases = {
         T: {
             f"{t}:{path}": fn
@@ -104,10 +82,7 @@ def _worker(
         }
         for T in tokens
     }
-    show = report.Progress(f"layer -tp {world}: rounds", repeats) if rank == 0 else None
-    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
-        samples = sample_across_ranks(cases, device, warmup, repeats, progress=show)
-    return {"transports": list(groups), "samples": samples}
+    return {"transports": list(groups), "samples": how.sample(rank, cases, f"layer -tp {world}")}
 
 
 def register(subparsers) -> None:
@@ -197,17 +172,11 @@ def run(args) -> int:
             args.prog,
             world,
             _worker,
+            Sampling.of(args),
             args.tokens,
             args.hidden_size,
             args.hc_mult,
-            args.warmup,
-            args.repeats,
-            device.type,
             args.transport,
-            args.profile,
-            args.trace,
-            device_type=device.type,
-            threads=args.threads,
         )
         if per_rank is None:
             return 1

@@ -10,9 +10,12 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
+
+from ..profiling import profiled
+from .report import Progress
 
 
 @dataclass
@@ -250,15 +253,48 @@ def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> l
     return [a / b for a, b in zip(numerator, denominator)]
 
 
-def run_ranks(prog: str, world: int, fn, *args, device_type: str, threads: int):
-    """``fn(rank, world, *args)`` on ``world`` spawned ranks (gloo on CPU; one GPU per rank with
-    NCCL on CUDA); returns the per-rank results, or None when a rank failed (its traceback is
-    printed: that is a fault to report, not a usage error)."""
+@dataclass(frozen=True)
+class Sampling:
+    """How the ranks of a measuring command sample: its --warmup, --repeats, --device, --threads
+    (per rank), --profile and --trace."""
+
+    warmup: int
+    repeats: int
+    device_type: str
+    threads: int
+    profile: Optional[str]
+    trace: str
+
+    @classmethod
+    def of(cls, args) -> "Sampling":
+        return cls(args.warmup, args.repeats, args.device, args.threads, args.profile, args.trace)
+
+    def rank_device(self, rank: int, world: int) -> torch.device:
+        """This rank's device, its CPU rank bound to its own cores (:func:`pin_rank`)."""
+        if self.device_type == "cpu":
+            pin_rank(rank, world, torch.get_num_threads())
+        return rank_device(self.device_type)
+
+    def sample(self, rank: int, cases: dict, label: str, **extend) -> dict:
+        """:func:`sample_across_ranks` of ``cases``, rank 0 showing progress and feeding the
+        profiler; ``extend``: its ``unsettled`` and ``max_repeats``."""
+        show = Progress(f"{label}: rounds", self.repeats) if rank == 0 else None
+        with profiled(self.profile if rank == 0 else None, self.trace):
+            device = rank_device(self.device_type)
+            return sample_across_ranks(
+                cases, device, self.warmup, self.repeats, progress=show, **extend
+            )
+
+
+def run_ranks(prog: str, world: int, fn, how: Sampling, *args):
+    """``fn(rank, world, how, *args)`` on ``world`` spawned ranks (gloo on CPU; one GPU per rank
+    with NCCL on CUDA); returns the per-rank results, or None when a rank failed (its traceback
+    is printed: that is a fault to report, not a usage error)."""
     from ..launch import run_world
 
-    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if how.device_type == "cuda" else "gloo"
     try:
-        return run_world(world, fn, *args, backend=backend, threads=threads, timeout=1800)
+        return run_world(world, fn, how, *args, backend=backend, threads=how.threads, timeout=1800)
     except AssertionError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None

@@ -30,19 +30,9 @@ import textwrap
 import torch
 
 from ..config import EngineArgs
-from ..profiling import profiled
 from . import decide, flags, report
 from .layer_cmd import boundary_case
-from .timing import (
-    median_interval,
-    paired_ratios,
-    pin_rank,
-    rank_device,
-    run_ranks,
-    sample_across_ranks,
-    slowest_rank,
-    spread,
-)
+from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
 #: The sweep of ``tune`` (decode sizes to long prefill chunks).
 TOKENS = [1, 4, 16, 64, 256, 1024, 4096]
@@ -104,41 +94,19 @@ def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
 
 
 def _measure(
-    rank: int,
-    world: int,
-    tokens: list[int],
-    H: int,
-    n: int,
-    warmup: int,
-    repeats: int,
-    device_type: str,
-    transport: str,
-    profile,
-    trace,
+    rank: int, world: int, how: Sampling, tokens: list[int], H: int, n: int, transport: str
 ) -> dict:
     """This rank's samples of both ways at every count (:func:`sample_across_ranks`)."""
     import mhc_sp.distributed as msd
 
-    device = rank_device(device_type)
-    if device_type == "cpu":
-        pin_rank(rank, world, torch.get_num_threads())
-    group = msd.init(device=device_type, transport=transport)
+    device = how.rank_device(rank, world)
+    group = msd.init(device=how.device_type, transport=transport)
     cases = {}
     for T in tokens:
         paths = boundary_case(T, H, n, rank, world, group, device)
         cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
-    show = report.Progress("tune: rounds", repeats) if rank == 0 else None
-    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
-        samples = sample_across_ranks(
-            cases,
-            device,
-            warmup,
-            repeats,
-            progress=show,
-            unsettled=unsettled,
-            max_repeats=EXTEND * repeats,
-        )
-    return {"transport": msd.transport(group, device_type), "samples": samples}
+    samples = how.sample(rank, cases, "tune", unsettled=unsettled, max_repeats=EXTEND * how.repeats)
+    return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
 def speedup(ways: dict) -> tuple[float, float, float]:
@@ -191,17 +159,11 @@ def run(args) -> int:
         args.prog,
         tp,
         _measure,
+        Sampling.of(args),
         args.tokens,
         H,
         args.hc_mult,
-        args.warmup,
-        args.repeats,
-        device.type,
         args.transport,
-        args.profile,
-        args.trace,
-        device_type=device.type,
-        threads=args.threads,
     )
     if per_rank is None:
         return 1
