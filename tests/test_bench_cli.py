@@ -14,6 +14,9 @@ from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossove
 from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
 
+#: A tiny ops run: one shape, few repeats.
+TINY_OPS = ["ops", "--tokens", "2", "--hidden-size", "64", "--repeats", "2", "--warmup", "0"]
+
 
 def run_cli(tmp_path, *argv):
     out = tmp_path / "out.json"
@@ -76,15 +79,7 @@ def test_ops_row_ratios_say_how_much_faster_the_op_is():
 def test_ops_compiled_baseline(tmp_path):
     doc = run_cli(
         tmp_path,
-        "ops",
-        "--tokens",
-        "2",
-        "--hidden-size",
-        "64",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
+        *TINY_OPS,
         "--compare",
         "compile",
         "--ops",
@@ -305,15 +300,7 @@ def test_ops_csv_and_plot_hold_every_column(tmp_path, capsys):
     csv_path, png = tmp_path / "ops.csv", tmp_path / "ops.png"
     doc = run_cli(
         tmp_path,
-        "ops",
-        "--tokens",
-        "2",
-        "--hidden-size",
-        "64",
-        "--repeats",
-        "2",
-        "--warmup",
-        "0",
+        *TINY_OPS,
         "--compare",
         "none",
         "--ops",
@@ -339,13 +326,7 @@ def test_torch_profile_trace_and_plot(tmp_path, capsys):
     trace = tmp_path / "trace.json"
     run_cli(
         tmp_path,
-        "ops",
-        "--tokens",
-        "2",
-        "--hidden-size",
-        "64",
-        "--repeats",
-        "2",
+        *TINY_OPS,
         "--compare",
         "none",
         "--ops",

@@ -104,26 +104,25 @@ def int_list(minimum: int = 1) -> Callable[[str], list[int]]:
     return parse
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def float_above(lo: float, inclusive: bool) -> Callable[[str], float]:
+    """argparse type: a finite number > ``lo`` (>= ``lo`` when ``inclusive``)."""
+    domain = f"{'>=' if inclusive else '>'} {lo:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value >= lo if inclusive else value > lo) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number {domain}, got {text!r}")
+        return value
+
+    parse.__name__ = f"number {domain}"
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+positive_float = float_above(0, inclusive=False)
+non_negative_float = float_above(0, inclusive=True)
 
 
 def word_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
