@@ -123,12 +123,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             line = allocator.apply(measures == "here", from_command_line=argv is None)
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
             flags.warn_busy(args.prog)
-        if getattr(args, "profile", None):
-            # The profiler library's own chatter (e.g. that it found no GPU) is not for users.
-            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        prepare_profiler(args)
         started = time.time()
         code = int(args.func(args) or 0)
-        report_profile(args, started)
+        if code == 0:
+            report_profile(args, started)
         return code
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
@@ -142,6 +141,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is not None:  # called from Python: leave the environment as it was
             os.environ.clear()
             os.environ.update(environment)
+
+
+def prepare_profiler(args) -> None:
+    """What the profiler of ``--profile`` needs before any op runs, in this process and (through
+    the environment) in every rank it spawns."""
+    if getattr(args, "profile", None):
+        # The profiler library's own chatter (e.g. that it found no GPU) is not for users.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def report_profile(args, started: float) -> None:

@@ -82,7 +82,8 @@ def _worker(
         }
         for T in tokens
     }
-    return {"transports": list(groups), "samples": how.sample(rank, cases, f"layer -tp {world}")}
+    samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
+    return {"transports": list(groups), "samples": samples}
 
 
 def register(subparsers) -> None:

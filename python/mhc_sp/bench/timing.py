@@ -4,6 +4,7 @@ bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -14,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..profiling import profiled
+from ..profiling import phase, profiled
 from .report import Progress
 
 
@@ -124,6 +125,7 @@ def sample_across_ranks(
     progress: Callable[[int, int], None] | None = None,
     unsettled: Callable[[list[dict]], bool] | None = None,
     max_repeats: int = 0,
+    label: Callable[[object, str], str] | None = None,
 ) -> dict:
     """Timed samples of callables that run on every rank together (collectives, boundaries).
     ``cases`` maps a case (e.g. a token count) to ``{way: fn}``; returns this rank's
@@ -142,22 +144,27 @@ def sample_across_ranks(
     With ``unsettled`` (``unsettled([this case's samples of every rank]) -> bool``, the same
     answer on every rank), the cases it names after the first ``repeats`` rounds get further
     rounds of ``repeats``, up to ``max_repeats`` in all, until it names none: the samples go to
-    the cases that need them. ``progress(rounds done, rounds planned)`` runs after each round."""
+    the cases that need them. ``progress(rounds done, rounds planned)`` runs after each round.
+    Every call of a way of a case runs inside the profiler phase ``label(case, way)``."""
     import torch.distributed as dist
+
+    def named(case, way):
+        return phase(label(case, way)) if label else contextlib.nullcontext()
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     fastest = []  # per case: the least time one call of its fastest way took
-    for ways in cases.values():
+    for case, ways in cases.items():
         times = []
-        for fn in ways.values():
-            for _ in range(warmup):
-                fn()
-            for _ in range(3):
-                sync()
-                start = time.perf_counter()
-                fn()
-                sync()
-                times.append(time.perf_counter() - start)
+        for way, fn in ways.items():
+            with named(case, way):
+                for _ in range(warmup):
+                    fn()
+                for _ in range(3):
+                    sync()
+                    start = time.perf_counter()
+                    fn()
+                    sync()
+                    times.append(time.perf_counter() - start)
         fastest.append(min(times))
     fastest = torch.tensor(fastest, dtype=torch.float64)
     dist.all_reduce(fastest, op=dist.ReduceOp.MAX)  # one burst length on every rank
@@ -173,14 +180,15 @@ def sample_across_ranks(
         ways = cases[case]
         for way in list(ways) if (r + k) % 2 == 0 else list(ways)[::-1]:
             fn, calls = ways[way], burst[case]
-            if calls > 1:
-                fn()  # this way's data back in cache, as in a run of equal boundaries
-            dist.barrier()
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
+            with named(case, way):
+                if calls > 1:
+                    fn()  # this way's data back in cache, as in a run of equal boundaries
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
             samples[case][way].append((time.perf_counter() - start) / calls)
 
     todo, done, planned = list(cases), 0, repeats
@@ -275,14 +283,15 @@ class Sampling:
             pin_rank(rank, world, torch.get_num_threads())
         return rank_device(self.device_type)
 
-    def sample(self, rank: int, cases: dict, label: str, **extend) -> dict:
-        """:func:`sample_across_ranks` of ``cases``, rank 0 showing progress and feeding the
-        profiler; ``extend``: its ``unsettled`` and ``max_repeats``."""
-        show = Progress(f"{label}: rounds", self.repeats) if rank == 0 else None
+    def sample(self, rank: int, cases: dict, name: str, label, **extend) -> dict:
+        """:func:`sample_across_ranks` of ``cases`` with its phase ``label``, rank 0 showing
+        progress (as ``name``) and feeding the profiler; ``extend``: its ``unsettled`` and
+        ``max_repeats``."""
+        show = Progress(f"{name}: rounds", self.repeats) if rank == 0 else None
         with profiled(self.profile if rank == 0 else None, self.trace):
             device = rank_device(self.device_type)
             return sample_across_ranks(
-                cases, device, self.warmup, self.repeats, progress=show, **extend
+                cases, device, self.warmup, self.repeats, progress=show, label=label, **extend
             )
 
 

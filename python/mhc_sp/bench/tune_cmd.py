@@ -105,7 +105,14 @@ def _measure(
     for T in tokens:
         paths = boundary_case(T, H, n, rank, world, group, device)
         cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
-    samples = how.sample(rank, cases, "tune", unsettled=unsettled, max_repeats=EXTEND * how.repeats)
+    samples = how.sample(
+        rank,
+        cases,
+        "tune",
+        lambda T, way: f"tune T={T}",
+        unsettled=unsettled,
+        max_repeats=EXTEND * how.repeats,
+    )
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
