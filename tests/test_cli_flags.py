@@ -215,7 +215,7 @@ def test_nsys_is_refused_without_a_gpu_or_nsys(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     assert "nsys is not installed" in flags.profiler_problem("nsys", "cuda")
-    monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "1")  # running under nsys profile
+    monkeypatch.setenv("NSYS_TARGET_STD_REDIRECT_ACTIVE", "1")  # set by nsys profile
     assert flags.profiler_problem("nsys", "cuda") is None
     assert flags.profiler_problem("torch", "cpu") is None
 
