@@ -213,10 +213,10 @@ fi
 # 5. timings last: the symm boundaries beside their rooflines, then the op benchmark (the V4-Pro
 # hidden size against the eager reference; the full sweep, compiled baseline included, is
 #   python -m mhc_sp.bench ops --device cuda --tokens 1,16,256,4096,16384 \
-#     --hidden 4096,7168 --json F).
+#     --hidden-size 4096,7168 --json F).
 step symm_timings "$T_TIMING" "$PY" bench/symm_harness.py --json "$OUT/symm_harness.json" \
   --budget-s $((T_TIMING - 8))
 step op_bench "$T_BENCH" "$PY" -m mhc_sp.bench ops --device cuda --json "$OUT/bench.json" \
-  --budget-s $((T_BENCH - 10)) --hidden 7168 --tokens 1,16,4096,16384 --compare eager \
+  --budget-s $((T_BENCH - 10)) --hidden-size 7168 --tokens 1,16,4096,16384 --compare eager \
   --repeats 10
 exit 0

@@ -1,19 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""mhc-sp-bench: every subcommand in a quick mode writes valid JSON with the documented fields;
-the cost model matches hand-computed values; bad flags are usage errors, not tracebacks."""
+"""mhc-sp-bench: every subcommand in a quick mode writes valid JSON with the documented fields,
+CSV with every column and plots; the cost model matches hand-computed values and its calibration
+reports its fit and refuses a degenerate one; --profile torch writes a trace and says where."""
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from mhc_sp.bench import cli, ops_cmd
-from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover
+from mhc_sp.bench import cli, decide, ops_cmd
+from mhc_sp.bench.project_cmd import Machine, boundary_time, calibrate, crossover, path_terms
 from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
+
+#: A tiny ops run: one shape, few repeats.
+TINY_OPS = ["ops", "--tokens", "2", "--hidden-size", "64", "--repeats", "2", "--warmup", "0"]
 
 
 def run_cli(tmp_path, *argv):
@@ -31,7 +33,7 @@ def test_ops_quick(tmp_path):
         "ops",
         "--tokens",
         "0,3",
-        "--hidden",
+        "--hidden-size",
         "128",
         "--repeats",
         "2",
@@ -77,15 +79,7 @@ def test_ops_row_ratios_say_how_much_faster_the_op_is():
 def test_ops_compiled_baseline(tmp_path):
     doc = run_cli(
         tmp_path,
-        "ops",
-        "--tokens",
-        "2",
-        "--hidden",
-        "64",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
+        *TINY_OPS,
         "--compare",
         "compile",
         "--ops",
@@ -102,7 +96,7 @@ def test_ops_budget_leaves_out_later_shapes(tmp_path):
         "ops",
         "--tokens",
         "1,2",
-        "--hidden",
+        "--hidden-size",
         "64",
         "--repeats",
         "1",
@@ -121,14 +115,15 @@ def test_ops_budget_leaves_out_later_shapes(tmp_path):
 
 def test_comm_quick(tmp_path):
     doc = run_cli(
-        tmp_path, "comm", "--tp", "2", "--sizes", "1K,4K", "--repeats", "2", "--warmup", "1"
+        tmp_path, "comm", "-tp", "2", "--sizes", "1K,4K", "--repeats", "2", "--warmup", "1"
     )
     assert {r["op"] for r in doc["rows"]} == {"reduce_scatter", "all_gather", "all_reduce"}
     for r in doc["rows"]:
         assert r["busbw_GB/s"] == pytest.approx(
             r["algbw_GB/s"] * (1.0 if r["op"] == "all_reduce" else 0.5)
         )
-        assert r["size"] == r["count"] * 2 and r["type"] == "bf16"
+        assert r["size_B"] == r["count"] * 2 and r["type"] == "bf16"
+        assert 0 < r["time_p10_us"] <= r["time_us"] <= r["time_p90_us"]
 
 
 def test_project_matches_hand_computed_values(tmp_path):
@@ -160,7 +155,7 @@ def test_project_matches_hand_computed_values(tmp_path):
     doc = run_cli(
         tmp_path,
         "project",
-        "--tp",
+        "-tp",
         "2",
         "--tokens",
         "1024",
@@ -177,83 +172,112 @@ def test_project_matches_hand_computed_values(tmp_path):
     assert doc["rows"][0]["crossover_tokens"] == x
 
 
-def test_project_calibration_recovers_constants(tmp_path):
-    truth = Machine(link_gbps=20, link_latency_us=30, hbm_gbps=50, launch_us=15)
+def layer_doc(truth, tokens=(16, 256, 1024, 4096), tps=(2,), H=1024):
+    """A ``layer --json`` document of times the model with constants ``truth`` predicts."""
     rows = []
-    for T in (16, 256, 1024, 4096):
-        rows.append(
-            {
-                "tp": 2,
-                "tokens": T,
-                "hidden": 1024,
-                "fused_sharded_us": boundary_time("sp_fused", T, 1024, 4, 2, truth) * 1e6,
-                "fused_replicated_us": boundary_time("replicated", T, 1024, 4, 2, truth) * 1e6,
-                "separate_sharded_us": boundary_time("sp_separate", T, 1024, 4, 2, truth) * 1e6,
-            }
-        )
-    fit = calibrate(rows)
+    for tp in tps:
+        for T in tokens:
+            rows.append(
+                {
+                    "tensor_parallel_size": tp,
+                    "tokens": T,
+                    "hidden_size": H,
+                    "fused_sharded_us": boundary_time("sp_fused", T, H, 4, tp, truth) * 1e6,
+                    "fused_replicated_us": boundary_time("replicated", T, H, 4, tp, truth) * 1e6,
+                    "separate_sharded_us": boundary_time("sp_separate", T, H, 4, tp, truth) * 1e6,
+                }
+            )
+    return {"kind": "layer", "rows": rows}
+
+
+def test_project_calibration_recovers_constants_and_reports_the_fit(tmp_path, capsys):
+    truth = Machine(link_gbps=20, link_latency_us=30, hbm_gbps=50, launch_us=15)
+    fit = calibrate(layer_doc(truth))
     for k in ("link_gbps", "link_latency_us", "hbm_gbps", "launch_us"):
-        assert getattr(fit, k) == pytest.approx(getattr(truth, k), rel=1e-3)
+        assert getattr(fit.machine, k) == pytest.approx(getattr(truth, k), rel=1e-3)
+    assert fit.worst_error < 1e-6 and fit.points == 12
+    # A tune document: sharded and replicated times of one tp size.
+    rows = [
+        {
+            "tokens": T,
+            "sharded_ms": boundary_time("sp_fused", T, 1024, 4, 2, truth) * 1e3,
+            "replicated_ms": boundary_time("replicated", T, 1024, 4, 2, truth) * 1e3,
+        }
+        for T in (1, 16, 256, 1024, 4096)
+    ]
+    tune = {"kind": "tune", "tensor_parallel_size": 2, "hidden_size": 1024, "rows": rows}
+    assert calibrate(tune).machine.hbm_gbps == pytest.approx(50, rel=1e-3)
     path = tmp_path / "layer.json"
-    path.write_text(json.dumps({"rows": rows}))
-    doc = run_cli(tmp_path, "project", "--tp", "2", "--calibrate", str(path))
+    path.write_text(json.dumps(layer_doc(truth)))
+    doc = run_cli(tmp_path, "project", "-tp", "2", "--calibrate", str(path))
     assert doc["machine"]["hbm_gbps"] == pytest.approx(50, rel=1e-3)
+    assert doc["fit"]["points"] == 12 and doc["fit"]["worst_error"] < 1e-6
+    out = capsys.readouterr().out
+    assert f"assumed hardware: fitted to {path}: link 20 GB/s per direction and 30 us per " in out
+    assert "fit: the model is off by 0% (median) and 0% (worst) over 12 measured times" in out
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["ops", "--tokens", "abc"],
-        ["ops", "--ops", "nope"],
-        ["ops", "--hc-mult", "9"],
-        ["comm", "--sizes", "1Q"],
-        ["layer", "--tp", "x"],
-        ["project", "--hbm-gbps", "-1"],
-        ["no-such-command"],
-    ],
-)
-def test_bad_flags_are_usage_errors(argv, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    assert exit_info.value.code == 2
-    assert "error:" in capsys.readouterr().err
-
-
-def test_usage_error_from_the_command_line():
-    """The installed entry point exits 2 with argparse's message, no traceback."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "mhc_sp.bench", "ops", "--ops", "nope"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_project_refuses_a_degenerate_fit(tmp_path, capsys):
+    # Times that grow with nothing but the bytes moved: the latency and launch terms are zero.
+    flat = Machine(link_gbps=20, link_latency_us=0, hbm_gbps=50, launch_us=0)
+    with pytest.raises(ValueError, match="degenerate fit: these times do not determine "):
+        calibrate(layer_doc(flat))
+    with pytest.raises(ValueError, match="need times at 2 or more token counts"):
+        calibrate(layer_doc(flat, tokens=(16,)))
+    with pytest.raises(ValueError, match="expected the --json file of tune or layer"):
+        calibrate({"kind": "ops", "rows": []})
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps(layer_doc(flat)))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["project", "--calibrate", str(path)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and line.startswith(
+        f"mhc-sp-bench project: error: --calibrate {path}: degenerate fit: these times do not "
+        f"determine --link-latency-us, --launch-us"
     )
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "error: --ops: unknown op(s) ['nope']" in proc.stderr
+
+
+def test_project_names_the_hardware_with_every_constant(capsys):
+    assert cli.main(["project", "-tp", "2", "--tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "assumed hardware: H200 SXM with NVLink 4: link 450 GB/s per direction and 2.5 us per "
+        "ring step, memory 4800 GB/s, 4 us per kernel launch"
+    ) in out
+    assert cli.main(["project", "-tp", "2", "--tokens", "16", "--link-gbps", "100"]) == 0
+    assert "H200 SXM with NVLink 4, changed by --link-gbps 100: link 100 GB/s" in (
+        capsys.readouterr().out
+    )
+    assert path_terms("sp_fused", 16, 64, 4, 2)["launches"] == 3
 
 
 def test_model_quick(tmp_path, capsys):
+    csv_path, png = tmp_path / "model.csv", tmp_path / "model.png"
     doc = run_cli(
         tmp_path,
         "model",
         "-tp",
         "2",
         "--tokens",
-        "9",
+        "3,9",
         "--sp-threshold",
         "4",
         "--num-layers",
         "1",
         "--hidden-size",
         "64",
-        "--iters",
+        "--repeats",
         "1",
         "--warmup",
         "0",
         "--check",
+        "--csv",
+        str(csv_path),
+        "--plot",
+        str(png),
     )
-    (row,) = doc["rows"]
-    assert doc["kind"] == "model"
+    small, row = doc["rows"]
+    assert doc["kind"] == "model" and small["tokens"] == 3 and small["sp_engaged"] is False
     assert (
         row["tp"] == 2
         and row["tokens"] == 9
@@ -262,21 +286,47 @@ def test_model_quick(tmp_path, capsys):
     )
     assert row["check_passed"] is True
     assert isinstance(row["max_abs_diff"], float) and math.isfinite(row["max_abs_diff"])
-    assert f"max_abs_diff={row['max_abs_diff']:.6g}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"max_abs_diff={row['max_abs_diff']:.6g}" in out
     assert row["total_ms"] > 0 and row["phases_ms"][0]
+    header = csv_path.read_text().splitlines()[1].split(",")
+    assert {"tokens", "sp_engaged", "total_ms", "phases_ms"} <= set(header)
+    if png.exists():
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_torch_profile_trace_and_plot(tmp_path):
+def test_ops_csv_and_plot_hold_every_column(tmp_path, capsys):
+    """A later op's extra column (x_separate) used to break the CSV after the whole run."""
+    csv_path, png = tmp_path / "ops.csv", tmp_path / "ops.png"
+    doc = run_cli(
+        tmp_path,
+        *TINY_OPS,
+        "--compare",
+        "none",
+        "--ops",
+        "mhc_post,mhc_post_pre",
+        "--csv",
+        str(csv_path),
+        "--plot",
+        str(png),
+    )
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == f"# {doc['command']}"
+    header = lines[1].split(",")
+    assert header[:3] == ["op", "tokens", "hidden_size"] and "x_separate" in header
+    assert [line.split(",")[0] for line in lines[2:]] == ["mhc_post", "mhc_post_pre"]
+    assert lines[2].endswith(",")  # mhc_post has no x_separate: an empty cell
+    pytest.importorskip("matplotlib")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    err = capsys.readouterr().err
+    assert f"wrote {tmp_path / 'out.json'}, {csv_path}, {png}" in err
+
+
+def test_torch_profile_trace_and_plot(tmp_path, capsys):
     trace = tmp_path / "trace.json"
     run_cli(
         tmp_path,
-        "ops",
-        "--tokens",
-        "2",
-        "--hidden",
-        "64",
-        "--repeats",
-        "2",
+        *TINY_OPS,
         "--compare",
         "none",
         "--ops",
@@ -290,7 +340,48 @@ def test_torch_profile_trace_and_plot(tmp_path):
     names = {e.get("name", "") for e in events}
     assert "mhc_sp::mhc_post_pre" in names, "the op shows in the trace"
     assert any(n.startswith("mhc_sp/mhc_post_pre") for n in names), "so does the benchmark phase"
+    assert f"mhc-sp-bench: profile torch: trace written to {trace}" in capsys.readouterr().err
     pytest.importorskip("matplotlib")
     png = tmp_path / "plot.png"
-    run_cli(tmp_path, "project", "--tp", "2", "--plot", str(png))
+    run_cli(tmp_path, "project", "-tp", "2", "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_layer_quick_over_both_transports(tmp_path, capsys):
+    csv_path = tmp_path / "layer.csv"
+    doc = run_cli(
+        tmp_path,
+        "layer",
+        "-tp",
+        "2",
+        "--tokens",
+        "3,8",
+        "--hidden-size",
+        "64",
+        "--transport",
+        "shm,gloo",
+        "--repeats",
+        "3",
+        "--warmup",
+        "0",
+        "--csv",
+        str(csv_path),
+    )
+    rows = doc["rows"]
+    assert [(r["tokens"], r["transport"]) for r in rows] == [
+        (3, "shm"),
+        (3, "gloo"),
+        (8, "shm"),
+        (8, "gloo"),
+    ]
+    for r in rows:
+        for path in ("fused_sharded", "fused_replicated", "separate_sharded"):
+            assert 0 < r[f"{path}_p10_us"] <= r[f"{path}_us"] <= r[f"{path}_p90_us"]
+        assert r["speedup_lo_x"] <= r["speedup_x"] <= r["speedup_hi_x"]
+        assert r["faster"] == decide.classify(r) and r["x_separate"] > 0
+    assert [r["x_gloo"] for r in rows if r["transport"] == "gloo"] == [1.0, 1.0]
+    for t in ("shm", "gloo"):
+        mine = [r for r in rows if r["transport"] == t]
+        assert doc["sharded_beats_replicated_from_tokens"][f"tp=2 {t}"] == decide.recommend(mine)
+    assert "sharded beats replicated from: tp=2 shm: " in capsys.readouterr().out
+    assert csv_path.read_text().splitlines()[1].startswith("tensor_parallel_size,tokens,")

@@ -55,7 +55,7 @@ def test_tp2_pp2_under_torchrun_with_two_draft_steps_and_check():
         "--requests",
         "2",
         "--check",
-        "--iters",
+        "--repeats",
         "1",
         torchrun=4,
     )
@@ -98,7 +98,7 @@ def test_check_exits_nonzero_above_tolerance(monkeypatch, capsys):
             "--num-speculative-tokens",
             "2",
             "--check",
-            "--iters",
+            "--repeats",
             "1",
             "--warmup",
             "0",
@@ -130,8 +130,10 @@ def test_check_exits_nonzero_above_tolerance(monkeypatch, capsys):
     ],
 )
 def test_config_errors_exit_2_with_the_message(argv, message, capsys):
-    assert cli.main(["model", *argv]) == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["model", *argv])
     captured = capsys.readouterr()
+    assert e.value.code == 2
     assert captured.err.startswith("mhc-sp-bench model: error: ") and message in captured.err
     assert "Traceback" not in captured.err and captured.out == ""
 
@@ -151,7 +153,9 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    assert cli.main(["model", "-tp", "2"]) == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["model", "-tp", "2"])
+    assert e.value.code == 2
     assert (
         "error: tensor_parallel_size=2 x pipeline_parallel_size=1 needs 2 ranks, but the world "
         "has 1"
@@ -178,7 +182,7 @@ def test_more_ranks_than_torchrun_started_is_a_clear_error(monkeypatch, capsys):
             ["-tp", "two"],
             "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'",
         ),
-        (["--tokens", "0"], "argument --tokens: expected a positive integer, got '0'"),
+        (["--tokens", "0"], "argument --tokens: expected comma-separated integers >= 1, got '0'"),
     ],
 )
 def test_impossible_flag_values_are_usage_errors(argv, message, capsys):
@@ -215,7 +219,7 @@ def test_check_passes_for_every_engine(tp, pp, spec):
     # (3 tokens) shards at tp 2 and 3 but not at tp 4, where it has fewer tokens than ranks.
     argv = ["-tp", str(tp), "-pp", str(pp), "--tokens", "8", "--requests", "3"]
     argv += ["--sp-threshold", "2", "--num-speculative-tokens", str(spec)]
-    r = bench(*argv, "--check", "--iters", "1", "--warmup", "0", timeout=600)
+    r = bench(*argv, "--check", "--repeats", "1", "--warmup", "0", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "check: PASS" in r.stdout and max_abs_diff(r.stdout) < 0.1
     padded = -(-8 // tp) * tp

@@ -1,12 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The README's promises: it opens with the two commands a new user runs, CI runs its test
-command verbatim, and the files it points to exist."""
+"""The README's and the docs' promises: the README opens with the two commands a new user runs
+(CI runs its test command verbatim), gets to a measured result quickly and stays short; every
+mhc-sp-bench command in the README, the docs and bench/cpu_bench.sh parses; every recorded
+result they show is what `mhc-sp-bench show` prints for the file; the files they name exist."""
 
+import json
 import re
+import shlex
+import subprocess
 from pathlib import Path
+
+import pytest
+
+from mhc_sp.bench import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted(ROOT.glob("docs/*.md"))}
+PAGES = {"README.md": README, **DOCS}
+SHOWN = re.compile(r"```text\n\$ (mhc-sp-bench show (\S+))\n(.*?)```", re.S)
 
 
 def readme_commands() -> list[str]:
@@ -27,14 +39,93 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert tests in ci, ".ci/run must run the README's test command verbatim"
 
 
+def test_readme_is_short_and_gets_to_a_measured_result():
+    lines = README.splitlines()
+    assert len(lines) < 200
+    first_result = next(i for i, line in enumerate(lines) if line.startswith("$ mhc-sp-bench show"))
+    assert first_result < 150
+    for section in ("## What it is", "## What `fused_layer` does", "## Status", "engine"):
+        assert section in README
+    assert "not yet run on a GPU" in README
+
+
 def test_readme_points_to_the_design_in_the_repository():
     assert "docs/design.md" in README
     assert (ROOT / "docs" / "design.md").is_file()
 
 
-def test_paths_the_readme_names_exist():
+def test_paths_the_readme_and_docs_name_exist():
     tops = ("csrc/", "python/", "tests/", "bench/", "docs/", "scripts/", "examples/", ".ci/")
-    named = {m for m in re.findall(r"`([^`\s]+)`", README) if m.startswith(tops)}
+    named = {
+        m for text in PAGES.values() for m in re.findall(r"`([^`\s]+)`", text) if m.startswith(tops)
+    }
     assert len(named) >= 10, named
     missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
-    assert not missing, f"README names files that do not exist: {missing}"
+    assert not missing, f"files named that do not exist: {missing}"
+    links = {
+        (page, m)
+        for page, text in PAGES.items()
+        for m in re.findall(r"\]\(([^)#]+)\)", text)
+        if not m.startswith("http")
+    }
+    broken = sorted(
+        (page, m) for page, m in links if not (ROOT / Path(page).parent / m).resolve().exists()
+    )
+    assert not broken, broken
+
+
+def bench_commands(text: str) -> list[list[str]]:
+    """The argument lists of every mhc-sp-bench command in ``text``: in code blocks (one per
+    line, continuation lines joined, comments dropped) and in inline code."""
+    commands = []
+    for block in re.findall(r"```(?:bash|text)?\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" # ")[0].split("#  ")[0]
+            if "mhc-sp-bench" in line and not line.startswith("#"):
+                commands.append(line.split("mhc-sp-bench", 1)[1])
+    outside = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [m for m in re.findall(r"`(?:\.venv/bin/)?mhc-sp-bench([^`]*)`", outside)]
+    return [shlex.split(c) for c in commands]
+
+
+def script_commands() -> list[list[str]]:
+    text = (ROOT / "bench" / "cpu_bench.sh").read_text().replace("\\\n", " ")
+    text = text.replace("$R", "bench/results")
+    return [shlex.split(m) for m in re.findall(r"^\S*\s*\$BENCH (.*)$", text, re.M)]
+
+
+def test_every_command_in_the_readme_and_docs_parses(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the files they name are relative to the repository
+    commands = [argv for text in PAGES.values() for argv in bench_commands(text)]
+    commands += script_commands()
+    assert len(commands) >= 20
+    for argv in commands:
+        try:
+            cli.parse_args(argv)
+        except SystemExit as e:  # --version and --help exit 0 after printing
+            if e.code != 0:
+                pytest.fail(f"mhc-sp-bench {shlex.join(argv)} does not parse")
+    subprocess.run(["bash", "-n", str(ROOT / "bench" / "cpu_bench.sh")], check=True)
+
+
+def test_every_result_shown_is_what_show_prints(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    shown = [(page, *m) for page, text in PAGES.items() for m in SHOWN.findall(text)]
+    assert {page for page, *_ in shown} >= {"README.md", "docs/benchmarks.md"}
+    for page, command, path, block in shown:
+        assert json.loads((ROOT / path).read_text())["command"]
+        assert cli.main(shlex.split(command)[1:]) == 0
+        assert capsys.readouterr().out == block, f"{page}: {command} prints something else"
+
+
+def test_peer_ratios_quoted_come_from_the_recorded_file():
+    doc = json.loads((ROOT / "bench" / "results" / "cpu_vs_peer.json").read_text())
+    ratios = {(r["tokens"], r["hidden"], r["op"]): r["ratio"] for r in doc["rows"]}
+    text = DOCS["docs/cpu-kernels.md"]
+    assert doc["command"] in text
+    rows = re.findall(r"^\| T=(\d+), H=(\d+) \| (.*) \|$", text, re.M)
+    assert len(rows) == 3
+    for T, H, cells in rows:
+        quoted = [float(c.strip().rstrip("x")) for c in cells.split("|")]
+        recorded = [ratios[int(T), int(H), op] for op in ("post", "pre", "post_pre", "head")]
+        assert quoted == [round(r, 2) for r in recorded]

@@ -1,144 +1,198 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``mhc-sp-bench tune`` (and the cost model's answer in ``project``): the threshold rule, the
-verdict, a tiny measured run on two gloo ranks, the README's default job."""
+"""mhc-sp-bench tune: the threshold rule on intervals, verdicts generated from the table's
+numbers, the interval statistics, and a tiny measured run on two ranks with every output."""
 
 import json
+import re
 
-import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mhc_sp.bench import cli
-from mhc_sp.bench.tune_cmd import QUICK, recommend, verdict
+from mhc_sp.bench import cli, decide, report, tune_cmd
+from mhc_sp.bench.timing import median_interval, paired_ratios, slowest_rank, spread
 
 
-def rows_of(*pairs, start=1):
-    """Rows at 1, 4, 16, ... tokens with (with SP, without SP) times in ms."""
+def rows_of(*intervals, start=1):
+    """Rows at 1, 4, 16, ... tokens with (lo, median, hi) speedups."""
     return [
-        {"tokens": start * 4**k, "sharded_ms": s, "replicated_ms": r, "speedup": r / s}
-        for k, (s, r) in enumerate(pairs)
+        {"tokens": start * 4**k, "speedup_x": m, "speedup_lo_x": lo, "speedup_hi_x": hi}
+        for k, (lo, m, hi) in enumerate(intervals)
     ]
 
 
-def test_threshold_is_where_sp_stays_faster():
-    # SP wins at 1 token (noise), loses at 4 and 16, wins from 64 on: 64.
-    rows = rows_of((1, 2), (3, 2), (5, 4), (7, 8), (20, 30))
-    assert recommend(rows) == 64
-    # Winning at every size: the smallest one.
-    assert recommend(rows_of((1, 2), (2, 3))) == 1
-    # Losing at the largest size: no threshold, whatever happened before.
-    assert recommend(rows_of((1, 2), (2, 3), (5, 4))) is None
-    # Equal is not faster.
-    assert recommend(rows_of((1, 2), (3, 3))) is None
-    # Never at or below the CUDA graph capture size, even where SP wins there.
-    assert recommend(rows, max_capture=64) == 256
-    assert recommend(rows, max_capture=16) == 64
-    assert recommend(rows_of((1, 2), (2, 3)), max_capture=4) is None
-    # Unsorted input is fine.
-    assert recommend(list(reversed(rows))) == 64
+FAST, SLOW, UNSURE = (1.1, 1.2, 1.3), (0.7, 0.8, 0.9), (0.9, 1.05, 1.2)
 
 
-def test_verdict_ends_with_the_recommended_flag():
-    rows = rows_of((1, 2), (3, 2), (5, 4), (7, 8), (20, 30))
-    lines = verdict(rows, 64, tp=2, max_capture=0)
-    assert lines[-1] == "recommended: --sp-threshold 64"
-    assert lines[0].startswith(
-        "Verdict: with SP (the stream split over 2 ranks) a boundary is "
-        "faster from 64 tokens on: 1.14x at 64 tokens, 1.50x at 256."
+def test_threshold_needs_the_whole_interval_above_one_from_there_on():
+    # Faster at 1 (noise), slower at 4, not settled at 16, faster from 64 on: 64.
+    assert decide.recommend(rows_of(FAST, SLOW, UNSURE, FAST, FAST)) == 64
+    assert decide.recommend(rows_of(FAST, FAST)) == 1
+    # Not settled or slower at the largest count: no threshold, whatever came before.
+    assert decide.recommend(rows_of(FAST, FAST, UNSURE)) is None
+    assert decide.recommend(rows_of(FAST, FAST, SLOW)) is None
+    # A median above 1 whose interval reaches 1.0 is not faster.
+    assert decide.recommend(rows_of(FAST, (1.0, 1.5, 2.0))) is None
+    # Never at or below the CUDA graph capture size.
+    rows = rows_of(FAST, SLOW, UNSURE, FAST, FAST)
+    assert decide.recommend(rows, max_capture=64) == 256
+    assert decide.recommend(rows_of(FAST, FAST), max_capture=4) is None
+    assert decide.recommend(list(reversed(rows))) == 64
+    assert [decide.classify(r) for r in rows_of(FAST, SLOW, UNSURE)] == [
+        decide.FASTER,
+        decide.SLOWER,
+        decide.UNSETTLED,
+    ]
+
+
+def test_verdict_lines():
+    rows = rows_of(FAST, SLOW, UNSURE, FAST, (1.4, 1.5, 1.6))
+    lines = decide.verdict(rows, 64, tp=2, max_capture=0, repeats=24)
+    assert lines == [
+        "SP (the stream split over 2 ranks) is faster from 64 tokens on: "
+        "1.20x [1.10-1.30] at 64, 1.50x [1.40-1.60] at 256.",
+        "Below 64, SP is slower at 4 tokens; not settled at 16 tokens (the interval includes "
+        "1.0); faster at 1 token, but not at every larger count.",
+        "Rerun with --repeats 96 to settle 16 tokens: narrower intervals may lower the threshold.",
+        "recommended: --sp-threshold 64",
+    ]
+    # The threshold at the largest count is named once.
+    first, below, last = decide.verdict(rows_of(SLOW, FAST), 4, 2, 0, 24)
+    assert first.endswith(
+        "faster from 4 tokens on: 1.20x [1.10-1.30] at 4, the largest count measured."
     )
-    assert "slower at 2 of the 3 sizes measured" in lines[1]
-    lines = verdict(rows_of((1, 2), (2, 3)), 1, tp=2, max_capture=0)
-    assert "faster from 1 token on: 2.00x at 1 token, 1.50x at 4." in lines[0]
-    lines = verdict(rows_of((3, 2), (5, 4)), None, tp=2, max_capture=0)
+    assert first.count("1.20x") == 1 and below == "Below 4, SP is slower at 1 token."
+    assert last == "recommended: --sp-threshold 4"
+    lines = decide.verdict(rows_of(FAST, UNSURE), None, 2, 0, 24)
+    assert lines[0].startswith(
+        "Not settled: at 4 tokens, the largest count measured, the "
+        "speedup's interval 1.05x [0.90-1.20] includes 1.0. Rerun with "
+        "--repeats 96"
+    )
     assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
-    assert lines[0].startswith(
-        "Verdict: with SP a boundary was not faster at 4 tokens, the largest count measured"
-    )
+    lines = decide.verdict(rows_of(FAST, SLOW), None, 2, 0, 24)
+    assert lines[0].startswith("SP is slower at 4 tokens, the largest count measured")
+    lines = decide.verdict(rows_of(FAST, FAST, FAST), 16, 2, max_capture=4, repeats=24)
+    assert "Counts up to 4 run as CUDA graphs" in lines[-2]
+
+
+interval = st.tuples(st.floats(0.3, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0.5)).map(
+    lambda t: (round(t[0] - t[1], 2), round(t[0], 2), round(t[0] + t[2], 2))
+)
+
+
+@given(st.lists(interval, min_size=1, max_size=7), st.sampled_from([0, 1, 4, 16]))
+def test_every_claim_of_a_verdict_matches_the_table(intervals, max_capture):
+    """Each count a verdict names is classified there as in the table, each speedup it quotes
+    is the table's cell for that count, and nothing is said twice."""
+    rows = rows_of(*intervals)
+    for r in rows:
+        r["faster"] = decide.classify(r)
+    threshold = decide.recommend(rows, max_capture)
+    lines = decide.verdict(rows, threshold, 2, max_capture, 24)
+    table = report.format_table(rows, tune_cmd.present(doc_of(rows, threshold))[1])
+    cells = {}
+    for line in table.splitlines()[1:]:
+        tokens, *_, speedup = re.split(r"\s{2,}", line.strip())[:4]
+        cells[int(tokens)] = speedup
+    for line in lines:
+        for value, T in re.findall(r"(\d+\.\d\dx \[[\d.]+-[\d.]+\]) at (\d+)", line):
+            assert cells[int(T)] == value.replace("x ", " ")
+        quoted = re.findall(r"\d+\.\d\dx \[[^\]]+\] at \d+", line)
+        assert len(quoted) == len(set(quoted)), line
+    by_kind = {
+        "slower at": decide.SLOWER,
+        "not settled at": decide.UNSETTLED,
+        "faster at": decide.FASTER,
+    }
+    below = next((line for line in lines if line.startswith("Below ")), "")
+    for part in below.rstrip(".").split("; "):
+        for words, kind in by_kind.items():
+            if words in part:
+                named = [int(t) for t in re.findall(r"(\d+)(?= |,| and)", part.split(words)[1])]
+                for T in named:
+                    assert decide.classify(next(r for r in rows if r["tokens"] == T)) == kind
+    if threshold is None:
+        assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
+    else:
+        assert lines[-1] == f"recommended: --sp-threshold {threshold}"
+        assert all(decide.classify(r) == decide.FASTER for r in rows if r["tokens"] >= threshold)
+
+
+def doc_of(rows, threshold):
+    return {
+        "rows": rows,
+        "hidden_size": 64,
+        "hc_mult": 4,
+        "tensor_parallel_size": 2,
+        "environment": {"device": "cpu"},
+        "transport": "shm",
+        "threads_per_rank": 1,
+        "repeats": 24,
+        "recommended_sp_threshold": threshold,
+        "max_cudagraph_capture_size": 0,
+        "verdict": [],
+    }
+
+
+def test_interval_statistics():
+    assert spread([5, 1, 4, 2, 3, 6, 7, 8, 9, 10]) == (5.5, 2, 10)
+    # The binomial rule: for 24 values the 95% interval is the 7th to the 18th smallest.
+    values = list(range(1, 25))
+    assert median_interval(values, 0.95) == (12.5, 7, 18)
+    assert median_interval([3, 1, 2], 0.95) == (2, 1, 3)  # too few: the whole range
+    assert paired_ratios([2, 6], [1, 3]) == [2, 2]
+    assert slowest_rank([[1, 5], [2, 4]]) == [2, 5]
 
 
 def test_tiny_tune_on_two_ranks(tmp_path, capfd):
-    path = tmp_path / "tune.json"
-    code = cli.main(
-        [
-            "tune",
-            "-tp",
-            "2",
-            "--hidden-size",
-            "64",
-            "--tokens",
-            "1,8",
-            "--warmup",
-            "0",
-            "--repeats",
-            "2",
-            "--max-cudagraph-capture-size",
-            "4",
-            "--device",
-            "cpu",
-            "--calibrate",
-            "--json",
-            str(path),
-        ]
-    )
-    out, err = capfd.readouterr()
+    out = {k: tmp_path / f"tune.{k}" for k in ("json", "csv", "png", "trace")}
+    argv = ["tune", "-tp", "2", "--hidden-size", "64", "--tokens", "1,8", "--warmup", "0"]
+    argv += ["--repeats", "6", "--max-cudagraph-capture-size", "4", "--device", "cpu"]
+    argv += ["--json", str(out["json"]), "--csv", str(out["csv"]), "--plot", str(out["png"])]
+    argv += ["--profile", "torch", "--trace", str(out["trace"])]
+    code = cli.main(argv)
+    stdout, err = capfd.readouterr()
     assert code == 0, err
-    # Progress while measuring, on stderr; the capture size + 1 is measured too.
-    assert "tune: measured 1 tokens (1/3)" in err and "tune: measured 8 tokens (3/3)" in err
-    lines = out.strip().splitlines()
-    assert lines[0].startswith("# mhc-sp-bench")
-    header = next(line for line in lines if line.lstrip().startswith("tokens"))
-    for column in ("with SP (ms)", "without SP (ms)", "SP speedup (x)", "faster"):
+    assert "allocator: " in err and "tune: rounds: 6/6" in err  # progress on stderr
+    assert f"profile torch: trace written to {out['trace']}" in err
+    events = json.loads(out["trace"].read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"mhc_sp::fused_layer", "mhc_sp/tune T=1", "mhc_sp/tune T=8"} <= names  # rank 0's
+    lines = stdout.strip().splitlines()
+    assert lines[0] == "# mhc-sp-bench " + " ".join(argv[0:])
+    assert lines[1].startswith("One layer boundary, hidden size 64, 4 streams, on 2 cpu ranks")
+    header = lines[4]
+    for column in ("tokens", "with SP, ms", "without SP, ms", "speedup, x", "faster"):
         assert column in header
-    assert lines[-1].startswith("recommended: ")
-    assert any(line.startswith("cost model fitted to these times") for line in lines)
-    doc = json.loads(path.read_text())
+    doc = json.loads(out["json"].read_text())
     assert doc["kind"] == "tune" and doc["tensor_parallel_size"] == 2 and doc["hidden_size"] == 64
-    assert [r["tokens"] for r in doc["rows"]] == [1, 5, 8]
-    assert all(r["sharded_ms"] > 0 and r["replicated_ms"] > 0 for r in doc["rows"])
-    # The recommendation follows the rule on the measured rows and respects the capture size.
-    expected = recommend(doc["rows"], 4)
-    assert doc["recommended_sp_threshold"] == expected
-    assert lines[-1] == (
-        "recommended: leave --sp-threshold unset (SP off)"
-        if expected is None
-        else f"recommended: --sp-threshold {expected}"
-    )
-    assert expected is None or expected > 4
-    assert doc["transport"] in ("gloo", "shm") and doc["verdict"][-1] == lines[-1]
-
-
-def test_default_job_is_a_quick_tune():
-    quick = cli.parse_args([])
-    assert quick.command == "tune" and quick.func.__module__ == "mhc_sp.bench.tune_cmd"
-    assert quick.tensor_parallel_size == 2 and quick.hidden_size == 4096
-    assert quick.tokens == [4, 16, 64, 256, 1024] and quick.repeats == 8
-    assert quick.argv == ["tune", *QUICK]  # the JSON records the command that reproduces the run
-    assert cli.parse_args(["tune", *QUICK]) == quick
-
-
-@pytest.mark.parametrize(
-    "argv,message",
-    [
-        (["-tp", "1"], "--tensor-parallel-size: SP needs at least 2 ranks, got 1"),
-        (["--repeats", "0"], "--warmup must be >= 0 and --repeats >= 1"),
-        (["--sp-threshold", "8"], "unrecognized arguments: --sp-threshold 8"),
-        (["-tp", "0"], "argument --tensor-parallel-size/-tp: expected a positive integer, got '0'"),
-        (["--transport", "carrier-pigeon", "--device", "cpu"], "--transport: "),
-    ],
-)
-def test_tune_usage_errors(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(["tune", *argv])
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert [r["tokens"] for r in doc["rows"]] == [1, 5, 8]  # the capture size + 1 is measured too
+    for r in doc["rows"]:
+        assert 0 < r["sharded_p10_ms"] <= r["sharded_ms"] <= r["sharded_p90_ms"]
+        assert 0 < r["replicated_p10_ms"] <= r["replicated_ms"] <= r["replicated_p90_ms"]
+        assert r["speedup_lo_x"] <= r["speedup_x"] <= r["speedup_hi_x"]
+        assert r["faster"] == decide.classify(r)
+    threshold = decide.recommend(doc["rows"], 4)
+    assert doc["recommended_sp_threshold"] == threshold and (threshold is None or threshold > 4)
+    assert doc["verdict"] == decide.verdict(doc["rows"], threshold, 2, 4, 6)
+    assert " ".join(lines).endswith(" ".join(doc["verdict"]))
+    assert lines[-1] == doc["verdict"][-1] and all(len(line) <= 100 for line in lines[1:4])
+    csv_lines = out["csv"].read_text().splitlines()
+    assert csv_lines[0] == lines[0] and csv_lines[1].startswith("tokens,sharded_ms,")
+    assert len(csv_lines) == 2 + 3
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # show prints the recorded run as the run printed it.
+    assert cli.main(["show", str(out["json"])]) == 0
+    assert capfd.readouterr().out.strip().splitlines() == lines
 
 
 def test_project_recommends_a_threshold_above_the_capture_size(capsys):
-    assert cli.main(["project", "--tp", "4"]) == 0
+    assert cli.main(["project", "-tp", "4"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-2].startswith(
-        "tp=4 (450 GB/s links, 4800 GB/s memory): the model has fused SP beat replicated TP from "
-    )
+    assert out[-2].startswith("tp=4: the model has fused SP beat replicated TP from ")
     crossover = int(out[-2].split("from ")[1].split(" tokens")[0])
     assert out[-1] == f"recommended: --sp-threshold {crossover}"
-    assert cli.main(["project", "--tp", "2,4", "--max-cudagraph-capture-size", "1024"]) == 0
+    assert cli.main(["project", "-tp", "2,4", "--max-cudagraph-capture-size", "1024"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-3] == "recommended for -tp 2: --sp-threshold 1025"
     assert out[-1] == "recommended for -tp 4: --sp-threshold 1025"

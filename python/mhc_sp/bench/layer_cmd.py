@@ -1,23 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``mhc-sp-bench layer``: one SP sublayer boundary across world sizes, token counts and
-transports: ``fused_layer`` sharded vs ``fused_layer`` replicated (all-reduce) vs the same sharded
-work as separate ops (reduce_scatter, mhc_post_pre, all_gather). Spawned ranks on CPU (transports
-shm and gloo), one GPU per rank with NCCL. Several ``--transport`` values are timed in one world,
-interleaved, each on its own group over the same ranks, so their ratios come from the same run."""
+"""mhc-sp-bench layer: one SP sublayer boundary across tensor-parallel sizes, token counts and
+transports, three ways: fused_layer sharded (reduce-scatter, mHC post + pre on this rank's
+tokens, all-gather, one op), fused_layer replicated (all-reduce, post + pre on every token), and
+the sharded work as separate ops (reduce_scatter, mhc_post_pre, all_gather).
+
+Spawned ranks on CPU (transports shm and gloo), one GPU per rank on CUDA (symm, NCCL). Several
+--transport values are timed in one world, each on its own group over the same ranks, and every
+round samples every way, transport and count once, so their ratios come from the same run. Times
+are the slowest rank's, as median [p10-p90]; speedup is replicated / fused sharded (median of the
+paired ratios, 95% CI), x_separate is separate / fused sharded, x_<transport> compares a
+transport's fused sharded time with the last one's. Sharded beats replicated from the smallest
+count where the speedup's interval lies above 1.0 at that count and every larger one (the rule
+of mhc-sp-bench tune)."""
 
 from __future__ import annotations
 
-import statistics
-import time
+import sys
 
 import torch
 
 from .. import reference as R
-from ..launch import run_world
-from ..profiling import phase, profiled
 from ..testing import random_inputs
-from . import report
-from .flags import add_common_args, int_list
+from . import decide, flags, report
+from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
 PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
 
@@ -55,88 +60,30 @@ def boundary_case(T: int, H: int, n: int, rank: int, world: int, group: str, dev
     return boundary_paths(i, partial, rank, world, group, T)
 
 
-def time_interleaved(
-    fns: dict, device: torch.device, warmup: int, repeats: int, burst_s: float = 0.02
-) -> dict:
-    """Median seconds per call of each callable on this rank. A sample is a burst of back-to-back
-    calls (about ``burst_s`` long, the same count on every rank) that starts on all ranks together
-    (a barrier first) and ends on the device: the ranks' skew leaving the barrier is spread over
-    the burst, as it is over an engine's consecutive boundaries. Bursts come in rounds (a a a,
-    b b b, ..., a a a, ...) so that a shared machine's drift biases none of the callables. Called
-    by every rank of the world."""
-    import torch.distributed as dist
-
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    longest = []
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        longest.append(time.perf_counter() - start)
-    longest = torch.tensor(longest, dtype=torch.float64)
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX)  # one burst length on every rank
-    bursts = {
-        name: max(1, min(20, int(burst_s / max(t, 1e-9)))) for name, t in zip(fns, longest.tolist())
-    }
-    rounds = max(1, min(5, repeats))
-    per_round = -(-repeats // rounds)
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(per_round):
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-                for _ in range(bursts[name]):
-                    fn()
-                sync()
-                samples[name].append((time.perf_counter() - start) / bursts[name])
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
 def _worker(
-    rank: int,
-    world: int,
-    tokens: list[int],
-    H: int,
-    n: int,
-    warmup: int,
-    repeats: int,
-    device_type: str,
-    transports: list[str],
-    profile=None,
-    trace=None,
-):
+    rank: int, world: int, how: Sampling, tokens: list[int], H: int, n: int, transports: list[str]
+) -> dict:
+    """This rank's samples of every (transport, path) at every count."""
     import torch.distributed as dist
 
     import mhc_sp.distributed as msd
 
-    from .timing import rank_device
-
-    device = rank_device(device_type)
+    device = how.rank_device(rank, world)
     groups = {}
     for k, requested in enumerate(transports):  # WORLD for the first, a group of all ranks after
         pg = None if k == 0 else dist.new_group(list(range(world)))
-        name = msd.init(pg, device=device_type, transport=requested)
-        groups[msd.transport(name, device_type)] = name
-    out = []
-    with profiled(profile if rank == 0 else None, trace):  # rank 0 alone feeds a profiler
-        for T in tokens:
-            fns = {
-                (t, name): fn
-                for t, group in groups.items()
-                for name, fn in boundary_case(T, H, n, rank, world, group, device).items()
-            }
-            with phase(f"layer T={T}"):
-                medians = time_interleaved(fns, device, warmup, repeats)
-            out += [
-                {"tokens": T, "transport": t, "path": p, "median": m}
-                for (t, p), m in medians.items()
-            ]
-    return out
+        name = msd.init(pg, device=how.device_type, transport=requested)
+        groups[msd.transport(name, how.device_type)] = name
+    cases = {
+        T: {
+            f"{t}:{path}": fn
+            for t, group in groups.items()
+            for path, fn in boundary_case(T, H, n, rank, world, group, device).items()
+        }
+        for T in tokens
+    }
+    samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
+    return {"transports": list(groups), "samples": samples}
 
 
 def register(subparsers) -> None:
@@ -145,148 +92,157 @@ def register(subparsers) -> None:
         help="one SP boundary: fused sharded vs replicated vs separate ops",
         description=__doc__,
     )
-    add_layer_args(p)
-    p.set_defaults(func=run)
+    flags.add_tensor_parallel_size(p, [2], sweep=True)
+    flags.add_tokens(p, [16, 256, 4096])
+    flags.add_hidden_size(p, 4096, sweep=False)
+    flags.add_hc_mult(p)
+    flags.add_transport(p, sweep=True)
+    flags.add_measuring(p)
+    p.set_defaults(func=run, validate=check, measures="ranks")
 
 
-def transport_list(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+def check(args) -> None:
+    from .tune_cmd import check_ranks
+
+    check_ranks(args.prog, args.device, max(args.tensor_parallel_size), args.transport)
+    tps = args.tensor_parallel_size
+    args.threads = flags.threads_per_rank(max(tps), args.threads) if args.device == "cpu" else 1
+    if args.device == "cpu":  # every count's inputs stay on every rank, once per transport
+        per_rank = sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        need = max(tps) * len(args.transport) * per_rank
+        flags.check_memory(args.prog, need, "--tokens, --hidden-size, --transport")
 
 
-def add_layer_args(p, tokens=(16, 256, 4096), tp=(2,), hidden=4096) -> None:
-    p.add_argument("--tp", type=int_list, default=list(tp), help="world sizes (comma list)")
-    p.add_argument("--tokens", type=int_list, default=list(tokens))
-    p.add_argument("--hidden", type=int, default=hidden)
-    p.add_argument("--hc-mult", type=int, default=4)
-    p.add_argument(
-        "--transport",
-        type=transport_list,
-        default=["auto"],
-        help="comma list, timed in one run: cpu: auto (shm on one host), shm, gloo; "
-        "cuda: auto, symm, nccl. Ratios x_<last> compare each with the last one",
-    )
-    add_common_args(p)
+def rows_from_samples(per_rank: list[dict], world: int, tokens: list[int], H: int) -> list[dict]:
+    """One row per (count, transport): each path's median and p10-p90 (us) over samples of the
+    slowest rank; the speedup of sharded over replicated with its interval; the ratios."""
+    transports = per_rank[0]["transports"]
+    rows = []
+    for T in tokens:
+        way = {
+            key: slowest_rank([r["samples"][T][key] for r in per_rank])
+            for key in per_rank[0]["samples"][T]
+        }
+        for t in transports:
+            row = {"tensor_parallel_size": world, "tokens": T, "hidden_size": H, "transport": t}
+            for path in PATHS:
+                median, p10, p90 = spread(way[f"{t}:{path}"])
+                row |= {f"{path}_us": 1e6 * median, f"{path}_p10_us": 1e6 * p10}
+                row[f"{path}_p90_us"] = 1e6 * p90
+            sharded = way[f"{t}:fused_sharded"]
+            ratio, lo, hi = median_interval(
+                paired_ratios(way[f"{t}:fused_replicated"], sharded), decide.CONFIDENCE
+            )
+            row |= {"speedup_x": ratio, "speedup_lo_x": lo, "speedup_hi_x": hi}
+            row["x_separate"] = median_interval(
+                paired_ratios(way[f"{t}:separate_sharded"], sharded)
+            )[0]
+            row["faster"] = decide.classify(row)
+            if len(transports) > 1:
+                base = way[f"{transports[-1]}:fused_sharded"]
+                row[f"x_{transports[-1]}"] = median_interval(paired_ratios(base, sharded))[0]
+            rows.append(row)
+    return rows
 
 
 def crossover(rows: list[dict]) -> dict:
-    """Per (tp, transport): the smallest measured token count from which the sharded boundary
-    stays faster than the replicated one (None: never in the measured range)."""
-    found = {}
-    for key in sorted({(r["tp"], r["transport"]) for r in rows}):
-        mine = sorted(
-            (r for r in rows if (r["tp"], r["transport"]) == key), key=lambda r: r["tokens"]
+    """Per tensor-parallel size and transport: the smallest count from which sharded beats
+    replicated (the rule of :func:`decide.recommend`; None: not in the measured range)."""
+    keys = dict.fromkeys((r["tensor_parallel_size"], r["transport"]) for r in rows)
+    return {
+        f"tp={tp} {t}": decide.recommend(
+            [r for r in rows if (r["tensor_parallel_size"], r["transport"]) == (tp, t)]
         )
-        at = None
-        for r in reversed(mine):
-            if r["fused_sharded_us"] >= r["fused_replicated_us"]:
-                break
-            at = r["tokens"]
-        found[f"tp={key[0]} {key[1]}"] = at
-    return found
+        for tp, t in keys
+    }
 
 
 def run(args) -> int:
-    from ..distributed import TRANSPORTS
-
     device = torch.device(args.device)
-    if min(args.tp) < 1:
-        report.usage_error("layer", f"--tp: world sizes must be >= 1, got {args.tp}")
-    if device.type == "cuda" and max(args.tp) > torch.cuda.device_count():
-        report.usage_error(
-            "layer", f"--tp {max(args.tp)} needs that many GPUs, found {torch.cuda.device_count()}"
-        )
-    allowed = TRANSPORTS.get(device.type, ())
-    bad = [t for t in args.transport if t not in allowed]
-    if bad or not args.transport or len(set(args.transport)) != len(args.transport):
-        report.usage_error(
-            "layer",
-            f"--transport: expected distinct values from "
-            f"{', '.join(allowed)} for device {device.type}, got "
-            f"{','.join(args.transport)}",
-        )
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    threads = args.threads or max(1, torch.get_num_threads() // max(args.tp))
+    flags.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), args.threads)
     rows = []
-    for world in args.tp:
-        per_rank = run_world(
+    for world in args.tensor_parallel_size:
+        print(
+            f"layer: -tp {world}: {len(args.tokens)} token counts x {len(args.transport)} "
+            f"transport(s) x 3 ways, {args.repeats} rounds (starting the ranks takes a few "
+            f"seconds) ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        per_rank = run_ranks(
+            args.prog,
             world,
             _worker,
+            Sampling.of(args),
             args.tokens,
-            args.hidden,
+            args.hidden_size,
             args.hc_mult,
-            args.warmup,
-            args.repeats,
-            device.type,
             args.transport,
-            args.profile,
-            args.trace,
-            backend=backend,
-            threads=threads,
-            timeout=1800,
         )
-        transports = list(dict.fromkeys(r["transport"] for r in per_rank[0]))
-        for T in args.tokens:
-            # A boundary is as slow as its slowest rank.
-            t = {
-                (tr, p): max(
-                    r["median"]
-                    for rank in per_rank
-                    for r in rank
-                    if (r["tokens"], r["transport"], r["path"]) == (T, tr, p)
-                )
-                for tr in transports
-                for p in PATHS
-            }
-            for tr in transports:
-                row = {
-                    "tp": world,
-                    "tokens": T,
-                    "hidden": args.hidden,
-                    "transport": tr,
-                    **{f"{p}_us": t[tr, p] * 1e6 for p in PATHS},
-                    "separate/fused": t[tr, "separate_sharded"] / t[tr, "fused_sharded"],
-                    "replicated/fused": t[tr, "fused_replicated"] / t[tr, "fused_sharded"],
-                }
-                if len(transports) > 1:
-                    base = t[transports[-1], "fused_sharded"]
-                    row[f"x_{transports[-1]}"] = base / t[tr, "fused_sharded"]
-                rows.append(row)
-    columns = [
-        "tp",
-        "tokens",
-        "hidden",
-        "transport",
-        *(f"{p}_us" for p in PATHS),
-        "separate/fused",
-        "replicated/fused",
-        *sorted({k for r in rows for k in r if k.startswith("x_")}),
-    ]
-
-    def plot(ax, rows):
-        for key in sorted({(r["tp"], r["transport"]) for r in rows}):
-            for p in PATHS:
-                pts = [
-                    (r["tokens"], r[f"{p}_us"]) for r in rows if (r["tp"], r["transport"]) == key
-                ]
-                ax.plot(*zip(*pts), marker="o", label=f"{p} tp={key[0]} {key[1]}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("µs per boundary (slowest rank)")
-        ax.legend(fontsize=6)
-
-    cross = crossover(rows)
-    report.emit(
+        if per_rank is None:
+            return 1
+        rows += rows_from_samples(per_rank, world, args.tokens, args.hidden_size)
+    doc = report.document(
         "layer",
         rows,
-        columns,
-        args,
         device,
-        extra={"threads_per_rank": threads, "sharded_beats_replicated_from_tokens": cross},
-        plot=plot,
+        extra={
+            "threads_per_rank": args.threads,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "sharded_beats_replicated_from_tokens": crossover(rows),
+        },
+        argv=args.argv,
     )
-    print(
-        "sharded beats replicated from: "
-        + ", ".join(f"{k}: {v if v is not None else 'never'} tokens" for k, v in cross.items())
-    )
+    report.publish(doc, args, present)
     return 0
+
+
+def present(doc: dict) -> tuple:
+    rows = doc["rows"]
+    columns = [
+        report.col("tensor_parallel_size", "tp"),
+        report.col("tokens"),
+        report.col("hidden_size"),
+        report.col("transport"),
+        *(report.spread_col(f"{p}_us") for p in PATHS),
+        report.interval_col("speedup_x [95% CI]", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
+        report.col("x_separate"),
+        *(
+            report.col(k)
+            for k in dict.fromkeys(k for r in rows for k in r)
+            if k.startswith("x_") and k != "x_separate"
+        ),
+        report.col("faster"),
+    ]
+    cross = doc["sharded_beats_replicated_from_tokens"]
+    line = "sharded beats replicated from: " + ", ".join(
+        f"{k}: {'no count measured' if v is None else decide.tokens_text([v])}"
+        for k, v in cross.items()
+    )
+    return [], columns, [line], plot
+
+
+def plot(ax, doc: dict) -> None:
+    rows = doc["rows"]
+    cross = doc["sharded_beats_replicated_from_tokens"]
+    keys = list(dict.fromkeys((r["tensor_parallel_size"], r["transport"]) for r in rows))
+    styles = ["-", "--", ":", "-."]
+    for k, (tp, t) in enumerate(keys):
+        mine = [r for r in rows if (r["tensor_parallel_size"], r["transport"]) == (tp, t)]
+        for color, path in enumerate(PATHS):  # one colour per path, one line style per key
+            ax.plot(
+                [r["tokens"] for r in mine],
+                [r[f"{path}_us"] for r in mine],
+                marker="o",
+                markersize=3,
+                color=f"C{color}",
+                linestyle=styles[k % len(styles)],
+                label=f"{path} tp={tp} {t}",
+            )
+        at = cross[f"tp={tp} {t}"]
+        report.mark_crossover(ax, at, f"SP from {at} (tp={tp} {t})")
+    report.log2_tokens_axis(ax, "tokens")
+    ax.set_yscale("log")
+    ax.set_ylabel("us per boundary (slowest rank), median")
+    ax.legend(fontsize=6)

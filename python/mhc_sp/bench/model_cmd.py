@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``mhc-sp-bench model``: run the DeepSeek-V4-style model on tp x pp ranks, report per-phase
+"""mhc-sp-bench model: run the DeepSeek-V4-style model on tp x pp ranks, report per-phase
 timings, whether SP engaged, and the MTP draft steps (each a forward with its own SP decision);
-``--check`` compares the logits and every draft step with the tp=1 model.
+--check compares the logits and every draft step with the tp=1 model.
 
-Launching: with ``--device cpu`` it spawns tp*pp gloo ranks; with ``--device cuda`` one process per
-GPU (NCCL for the ops, gloo for the small Python-side objects); started under ``torchrun`` it uses
-the given ranks instead (the world size must be tp*pp).
+Launching: with --device cpu it spawns tp*pp gloo ranks; with --device cuda one process per GPU
+(NCCL for the ops, gloo for the small Python-side objects); started under torchrun it uses the
+given ranks instead (the world size must be tp*pp).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from datetime import timedelta
 from typing import Optional
 
 from ..config import EngineArgs, EngineConfig
-from ..config.engine_args import non_negative_int, positive_int
+from ..config.engine_args import positive_int
 from ..launch import run_world
 from ..profiling import profiled
-from . import report
+from . import flags, report
 
 PREFIX = "mhc-sp-bench model"
 
@@ -30,48 +30,31 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "model",
         help="run the V4-style model with TP/PP/SP (and MTP drafts) and report timings",
-        description="Run one forward (plus warm-up and timed repeats) of the DeepSeek-V4-style "
-        "model on tp x pp ranks and report per-phase timings and whether SP engaged. "
-        "With --num-speculative-tokens K the MTP layer then drafts K tokens, each step "
-        "a forward of its own. --check compares the logits and every draft step with "
-        "the tp=1 model on the same weights (MoE routing and drafted tokens replayed "
-        "from the TP run) and exits 1 above tolerance. Configuration errors exit 2.",
+        description="Run forwards (warm-up, then timed repeats) of the DeepSeek-V4-style model "
+        "on tp x pp ranks at each --tokens count and report per-phase timings and whether SP "
+        "engaged. With --num-speculative-tokens K the MTP layer then drafts K tokens, each "
+        "step a forward of its own. --check compares the logits and every draft step with the "
+        "tp=1 model on the same weights (MoE routing and drafted tokens replayed from the TP "
+        "run) and exits 1 above tolerance. Configuration errors exit 2.",
     )
     EngineArgs.add_cli_args(p)
     run = p.add_argument_group("this run")
-    run.add_argument(
-        "--tokens",
-        type=positive_int,
-        default=64,
-        help="tokens in the forward (default: %(default)s)",
-    )
+    flags.add_tokens(run, [64], help="tokens in a forward (a comma list: one forward each)")
     run.add_argument(
         "--requests",
         type=positive_int,
         default=1,
-        help="the tokens form this many requests of equal length; draft steps after "
-        "the first run on the last token of each (default: %(default)s)",
+        help="the tokens form this many requests, as equal in length as they divide (earlier "
+        "requests take the remainder); draft steps after the first run on the last token of "
+        "each",
     )
-    run.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="where the ranks run (default: %(default)s)",
-    )
-    run.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=1,
-        help="untimed forwards first (default: %(default)s)",
-    )
-    run.add_argument(
-        "--iters", type=non_negative_int, default=3, help="timed forwards (default: %(default)s)"
-    )
+    flags.add_measuring(run, threads=False)
     run.add_argument(
         "--timeout",
-        type=float,
+        type=flags.positive_float,
         default=600.0,
-        help="seconds before the spawned ranks are killed (default: %(default)s)",
+        metavar="S",
+        help="seconds before the spawned ranks are killed",
     )
     run.add_argument(
         "--check",
@@ -79,23 +62,41 @@ def register(subparsers) -> None:
         help="compare the logits and each draft step with tp=1; print "
         "max_abs_diff=<value>; exit 1 above tolerance",
     )
-    run.add_argument("--json", help="write the run's summary (plans, phase times, check) as JSON")
-    run.add_argument(
-        "--profile",
-        choices=("nsys", "torch"),
-        help="bracket the timed forwards on rank 0 for nsys (cudaProfilerApi) or torch.profiler",
-    )
-    run.add_argument(
-        "--trace", default="mhc_sp_trace.json", help="--profile torch output (Chrome trace)"
-    )
-    p.set_defaults(func=run_model)
+    p.set_defaults(func=run_model, validate=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The engine configuration, validated before any rank starts; the ranks' world."""
+    try:
+        args.engine = build_engine(
+            args, int(os.environ["WORLD_SIZE"]) if _under_torchrun() else None
+        )
+    except (ValueError, TypeError, NotImplementedError) as e:
+        flags.usage_error(PREFIX, str(e))
+    world = args.engine.parallel.world_size
+    if args.device == "cuda" and not _under_torchrun() and torch_cuda_count() < world:
+        flags.usage_error(
+            PREFIX,
+            f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
+            f"ranks need {world} GPUs, found {torch_cuda_count()}",
+        )
+    # One rank runs in this process (alone, or as a torchrun rank); more are spawned.
+    args.measures = "here" if world == 1 or _under_torchrun() else "ranks"
+    if args.measures == "ranks":
+        flags.warn_oversubscribed(PREFIX, world, flags.threads_per_rank(world, None))
+
+
+def torch_cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def build_engine(args: argparse.Namespace, world_size: Optional[int] = None) -> EngineConfig:
     """The validated EngineConfig of the command line (raises ValueError / NotImplementedError
     naming the offending values)."""
-    if args.requests > args.tokens:
-        raise ValueError(f"--requests {args.requests} must be <= --tokens {args.tokens}")
+    if args.requests > min(args.tokens):
+        raise ValueError(f"--requests {args.requests} must be <= --tokens {min(args.tokens)}")
     return EngineArgs.from_cli_args(args).create_engine_config(world_size)
 
 
@@ -110,34 +111,22 @@ def last_token_indices(tokens: int, requests: int) -> list[int]:
     return ends
 
 
-def _error(message: str) -> int:
-    print(f"{PREFIX}: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
 def run_model(args: argparse.Namespace) -> int:
-    """The ``model`` subcommand: 0 = ok, 1 = check failed or a rank failed, 2 = configuration
-    error."""
-    started = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else None
-    try:
-        engine = build_engine(args, started)
-    except (ValueError, TypeError, NotImplementedError) as e:
-        return _error(str(e))
+    """The ``model`` subcommand: 0 = ok, 1 = check failed or a rank failed (configuration errors
+    exit 2 from :func:`check`)."""
+    engine = args.engine
     world = engine.parallel.world_size
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return _error("--device cuda: no CUDA device is available")
-        if not _under_torchrun() and torch.cuda.device_count() < world:
-            return _error(
-                f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
-                f"ranks need {world} GPUs, found {torch.cuda.device_count()}"
-            )
+    if not _under_torchrun() or os.environ["RANK"] == "0":
+        print(
+            f"model: {len(args.tokens)} token count(s) x ({args.warmup} warm-up + "
+            f"{args.repeats} timed forwards) on {world} {args.device} rank(s) ...",
+            file=sys.stderr,
+            flush=True,
+        )
     if _under_torchrun():
         rank = int(os.environ["RANK"])
         return _finish(args, [_rank_main(rank, world, "env://", args, engine)])
@@ -150,20 +139,20 @@ def run_model(args: argparse.Namespace) -> int:
 
 
 def _finish(args, results: list[dict]) -> int:
-    """Print the reporting rank's lines, write --json; the exit code of the worst rank."""
-    for result in results:
-        if result.get("report"):
-            print("\n".join(result["report"]), flush=True)
-        if result.get("summary") and args.json:
-            import torch
+    """Print the reporting rank's report and table, write the files; the exit code of the worst
+    rank."""
+    import torch
 
+    for result in results:
+        if result.get("rows"):
             doc = report.document(
                 "model",
-                [result["summary"]],
+                result["rows"],
                 torch.device(args.device),
-                argv=getattr(args, "argv", None),
+                extra={"warmup": args.warmup, "repeats": args.repeats},
+                argv=args.argv,
             )
-            report.write_json(doc, args.json)
+            report.publish(doc, args, lambda doc: (result["report"], COLUMNS, [], plot))
     return max(result["code"] for result in results)
 
 
@@ -188,20 +177,49 @@ def _spawn(world: int, args, engine) -> int:
     return _finish(args, results)
 
 
+#: The table of a model run: one row per token count.
+COLUMNS = [
+    report.col("tokens"),
+    report.col("padded_tokens"),
+    report.col("sp_engaged"),
+    report.col("total_ms", "total_ms (per forward)"),
+    report.col("max_abs_diff"),
+    report.col("check_passed"),
+]
+
+
+def present(doc: dict) -> tuple:
+    return [], COLUMNS, [], plot
+
+
+def plot(ax, doc: dict) -> None:
+    rows = doc["rows"]
+    tokens = [r["tokens"] for r in rows]
+    ax.plot(tokens, [r["total_ms"] for r in rows], color="0.5", linewidth=1)
+    for engaged, marker, label in ((True, "o", "SP engaged"), (False, "x", "SP not engaged")):
+        pts = [(r["tokens"], r["total_ms"]) for r in rows if r["sp_engaged"] == engaged]
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, linestyle="none", label=label)
+    threshold = rows[0].get("sp_threshold") if rows else None
+    report.mark_crossover(ax, threshold, f"--sp-threshold {threshold}")
+    report.log2_tokens_axis(ax, "tokens per forward")
+    ax.set_ylabel("ms per forward (mean; drafts included)")
+    ax.legend(fontsize=8)
+
+
 # ---- one rank -------------------------------------------------------------------------------
 
 
 def _rank_main(
     rank: int, world: int, init_method: Optional[str], args, engine: EngineConfig
 ) -> dict:
-    """Run the benchmark on this rank. Returns ``{"code": int, "report": [lines] or None}``; only
-    the reporting rank (TP rank 0 of the last stage) has a report."""
+    """Run the benchmark on this rank, one token count after the other. Returns ``{"code": int,
+    "report": [lines], "rows": [one summary per count]}``; only the reporting rank (TP rank 0 of
+    the last stage) has a report and rows."""
     import torch
     import torch.distributed as dist
 
     from .. import distributed as msd
-    from ..model import RoutingTrace
-    from ..profiling import PhaseTimer
     from ..runner import ModelRunner, init_parallel_groups
 
     if args.device == "cuda":
@@ -210,8 +228,7 @@ def _rank_main(
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-        # Ranks share the machine's cores.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(flags.threads_per_rank(world, None))  # ranks share the cores
     if world > 1 and not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
         dist.init_process_group(
@@ -224,92 +241,111 @@ def _rank_main(
     try:
         groups = init_parallel_groups(engine.parallel, device)
         runner = ModelRunner(engine, groups, device)
-        cfg, steps = engine.model, engine.num_speculative_tokens
-        gen = torch.Generator().manual_seed(args.seed + 1)
-        ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen)
-        # The MTP layer predicts one token further: feed it each position's next token.
-        next_ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen)
-        rows = last_token_indices(args.tokens, args.requests)
-
-        def step(timer=None, routing=None):
-            out = runner.forward(ids, return_final_stream=steps > 0, timer=timer, routing=routing)
-            drafts = (
-                runner.propose(
-                    out.final_stream,
-                    next_ids,
-                    last_token_indices=rows,
-                    timer=timer,
-                    routing=routing,
-                )
-                if steps
-                else None
-            )
-            return out, drafts
-
-        for _ in range(args.warmup):
-            step()
-        timer = PhaseTimer(sync_cuda=device.type == "cuda")
-        total = 0.0
+        code, lines, rows = 0, [], []
         with profiled(args.profile if rank == 0 else None, args.trace):  # rank 0 feeds a profiler
-            for _ in range(args.iters):
-                out, drafts = step(timer)
-                total += out.timings["total"]
-                total += drafts.timings.get("total", 0.0) if drafts else 0.0
-        plan = runner.plan(args.tokens)
-        reporting = groups.tp.rank == 0 and runner.is_last_stage
-        stage_phases = [dict(timer.totals)]
-        if dist.is_initialized() and groups.pp_size > 1:
-            stage_phases = [None] * groups.pp_size
-            dist.all_gather_object(stage_phases, dict(timer.totals), group=groups.pp_group)
-
-        check_lines, code, diffs = [], 0, None
-        if args.check:
-            trace = RoutingTrace()
-            out, drafts = step(routing=trace)
-            recorded = [t.cpu() for t in trace.recorded]
-            if dist.is_initialized() and groups.pp_size > 1:
-                per_stage = [None] * groups.pp_size
-                dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
-                recorded = [t for stage in per_stage for t in stage]
-            if reporting:
-                check_lines, code, diffs = _check(
-                    engine, groups, device, ids, next_ids, rows, out, drafts, recorded
-                )
-        report_lines = summary = None
-        if reporting:
-            draft_plans = drafts.plans if drafts else []
-            report_lines = _report(args, engine, plan, draft_plans, stage_phases, total)
-            report_lines += check_lines
-            iters = max(1, args.iters)
-            summary = {
-                "tp": engine.parallel.tensor_parallel_size,
-                "pp": engine.parallel.pipeline_parallel_size,
-                "tokens": plan.num_tokens,
-                "padded_tokens": plan.padded_tokens,
-                "sp_engaged": plan.sharded,
-                "cudagraph_size": plan.graph_size,
-                "draft_steps": [
-                    {
-                        "tokens": p.num_tokens,
-                        "padded_tokens": p.padded_tokens,
-                        "sp_engaged": p.sharded,
-                        "cudagraph_size": p.graph_size,
-                    }
-                    for p in draft_plans
-                ],
-                "total_ms": 1e3 * total / iters,
-                "phases_ms": [{k: 1e3 * v / iters for k, v in ph.items()} for ph in stage_phases],
-                "max_abs_diff": max(diffs.values()) if diffs else None,
-                "max_abs_diff_by_output": diffs,
-                "check_passed": (code == 0) if args.check else None,
-            }
+            for k, T in enumerate(args.tokens, 1):
+                result = _run_tokens(T, args, engine, groups, runner, device)
+                if rank == 0:
+                    print(f"model: {T} tokens done ({k}/{len(args.tokens)})", file=sys.stderr)
+                code = max(code, result["code"])
+                if result["summary"] is not None:
+                    lines += result["report"]
+                    rows.append(result["summary"])
         if dist.is_initialized():
             dist.barrier()
-        return {"code": code, "report": report_lines, "summary": summary}
+        return {"code": code, "report": lines, "rows": rows}
     finally:
         msd.destroy()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _run_tokens(T: int, args, engine: EngineConfig, groups, runner, device) -> dict:
+    """Warm-up, timed repeats and the check of forwards of ``T`` tokens on this rank."""
+    import torch
+    import torch.distributed as dist
+
+    from ..model import RoutingTrace
+    from ..profiling import PhaseTimer
+
+    cfg, steps = engine.model, engine.num_speculative_tokens
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen)
+    # The MTP layer predicts one token further: feed it each position's next token.
+    next_ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen)
+    rows = last_token_indices(T, args.requests)
+
+    def step(timer=None, routing=None):
+        out = runner.forward(ids, return_final_stream=steps > 0, timer=timer, routing=routing)
+        drafts = (
+            runner.propose(
+                out.final_stream,
+                next_ids,
+                last_token_indices=rows,
+                timer=timer,
+                routing=routing,
+            )
+            if steps
+            else None
+        )
+        return out, drafts
+
+    for _ in range(args.warmup):
+        step()
+    timer = PhaseTimer(sync_cuda=device.type == "cuda")
+    total = 0.0
+    for _ in range(args.repeats):
+        out, drafts = step(timer)
+        total += out.timings["total"]
+        total += drafts.timings.get("total", 0.0) if drafts else 0.0
+    plan = runner.plan(T)
+    reporting = groups.tp.rank == 0 and runner.is_last_stage
+    stage_phases = [dict(timer.totals)]
+    if dist.is_initialized() and groups.pp_size > 1:
+        stage_phases = [None] * groups.pp_size
+        dist.all_gather_object(stage_phases, dict(timer.totals), group=groups.pp_group)
+
+    check_lines, code, diffs = [], 0, None
+    if args.check:
+        trace = RoutingTrace()
+        out, drafts = step(routing=trace)
+        recorded = [t.cpu() for t in trace.recorded]
+        if dist.is_initialized() and groups.pp_size > 1:
+            per_stage = [None] * groups.pp_size
+            dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
+            recorded = [t for stage in per_stage for t in stage]
+        if reporting:
+            check_lines, code, diffs = _check(
+                engine, groups, device, ids, next_ids, rows, out, drafts, recorded
+            )
+    if not reporting:
+        return {"code": code, "report": None, "summary": None}
+    draft_plans = drafts.plans if drafts else []
+    report_lines = _report(args, engine, plan, draft_plans, stage_phases, total)
+    summary = {
+        "tp": engine.parallel.tensor_parallel_size,
+        "pp": engine.parallel.pipeline_parallel_size,
+        "sp_threshold": engine.parallel.sp_threshold,
+        "tokens": plan.num_tokens,
+        "padded_tokens": plan.padded_tokens,
+        "sp_engaged": plan.sharded,
+        "cudagraph_size": plan.graph_size,
+        "draft_steps": [
+            {
+                "tokens": p.num_tokens,
+                "padded_tokens": p.padded_tokens,
+                "sp_engaged": p.sharded,
+                "cudagraph_size": p.graph_size,
+            }
+            for p in draft_plans
+        ],
+        "total_ms": 1e3 * total / args.repeats,
+        "phases_ms": [{k: 1e3 * v / args.repeats for k, v in ph.items()} for ph in stage_phases],
+        "max_abs_diff": max(diffs.values()) if diffs else None,
+        "max_abs_diff_by_output": diffs,
+        "check_passed": (code == 0) if args.check else None,
+    }
+    return {"code": code, "report": report_lines + check_lines, "summary": summary}
 
 
 def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
@@ -368,7 +404,7 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
 
 def _report(args, engine, plan, draft_plans, stage_phases, total) -> list[str]:
     p, m = engine.parallel, engine.model
-    iters = max(1, args.iters)
+    iters = args.repeats
 
     def sp(pl) -> str:
         if pl.sharded:

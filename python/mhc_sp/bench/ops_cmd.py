@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``mhc-sp-bench ops``: every math op against the eager reference and torch.compile of it, with
+"""mhc-sp-bench ops: every math op against the eager reference and torch.compile of it, with
 achieved bandwidth as a share of the copy bandwidth measured in the same run.
 
-Ops, arguments and bytes moved come from the registry ``mhc_sp.testing.OPS``. "GB/s" is the
-bytes the op must read and write (every argument and output once) over its median time; "%copy"
-compares it with an out-of-place copy of the same bytes, timed interleaved with the op. On CUDA,
-token counts up to ``--graph-max-tokens`` are timed as CUDA-graph replays (launch overhead
-excluded, as an engine's captured decode steps run); the ``graph`` column says which.
-The compiled baseline is ``torch.compile`` of the reference specialised to each shape
-(``dynamic=False``, compiled afresh per op and shape): the strongest form of that baseline.
+Ops, arguments and bytes moved come from the registry mhc_sp.testing.OPS. GB/s is the bytes the
+op must read and write (every argument and output once) over its median time; %copy compares it
+with an out-of-place copy of the same bytes, timed interleaved with the op. x_<baseline> is the
+baseline's median time over the op's (x_gemm: the op's over one fp32 GEMM's). On CUDA, token
+counts up to --graph-max-tokens are timed as CUDA-graph replays (launch overhead excluded, as an
+engine's captured decode steps run); the graph column says which. The compiled baseline is
+torch.compile of the reference specialised to each shape (dynamic=False, compiled afresh per op
+and shape): the strongest form of that baseline.
 """
 
 from __future__ import annotations
@@ -22,26 +23,41 @@ from .. import ops
 from ..config import MhcConfig
 from ..profiling import phase, profiled
 from ..testing import OPS, random_inputs
-from . import report
-from .flags import add_common_args, int_list
+from . import flags, report
 from .timing import copy_call, time_calls
+
+COMPARE = ("eager", "compile")
+
+
+def compare_list(text: str) -> list[str]:
+    """argparse type of --compare: a comma list of baselines, or none."""
+    return [] if text.strip() == "none" else flags.word_list(COMPARE)(text)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "ops", help="math ops vs eager and compiled reference, GB/s vs copy", description=__doc__
     )
-    p.add_argument("--tokens", type=int_list, default=[1, 16, 256, 4096])
-    p.add_argument("--hidden", type=int_list, default=[4096])
-    p.add_argument("--hc-mult", type=int, default=4)
-    p.add_argument("--ops", default=",".join(OPS), help=f"subset of {','.join(OPS)}")
+    flags.add_tokens(p, [1, 16, 256, 4096], minimum=0)
+    flags.add_hidden_size(p, [4096], sweep=True)
+    flags.add_hc_mult(p)
+    p.add_argument(
+        "--ops",
+        type=flags.word_list(tuple(OPS)),
+        default=list(OPS),
+        metavar="OP[,OP...]",
+        help=f"ops to time, from {','.join(OPS)}",
+    )
     p.add_argument(
         "--no-norm", action="store_true", help="pre ops without the fused RMSNorm weight"
     )
     p.add_argument(
         "--compare",
-        default="eager,compile",
-        help="baselines: eager reference, torch.compile of it (comma list, or 'none')",
+        type=compare_list,
+        default=list(COMPARE),
+        metavar="BASELINES",
+        help="baselines timed beside each op: eager (the reference), compile (torch.compile "
+        "of it); a comma list, or none",
     )
     p.add_argument(
         "--gemm",
@@ -50,65 +66,85 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--graph-max-tokens",
-        type=int,
+        type=flags.non_negative_int,
         default=256,
+        metavar="T",
         help="CUDA: time token counts up to this as CUDA-graph replays",
     )
     p.add_argument(
         "--budget-s",
-        type=float,
+        type=flags.non_negative_float,
         default=0.0,
-        help="start no new shape after this many seconds (0: no limit; the first "
-        "shape always runs)",
+        metavar="S",
+        help="start no new shape after this many seconds (0: no limit; the first shape always "
+        "runs)",
     )
-    add_common_args(p)
-    p.set_defaults(func=run)
+    flags.add_measuring(p)
+    p.set_defaults(func=run, validate=check, measures="here")
+
+
+def check(args) -> None:
+    if args.device == "cpu":  # one shape at a time, its op and baselines side by side
+        need = max(
+            2 * flags.case_bytes(T, H, args.hc_mult) for H in args.hidden_size for T in args.tokens
+        )
+        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 def run(args) -> int:
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        report.usage_error("ops", "--device cuda: no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [o for o in args.ops.split(",") if o]
-    unknown = sorted(set(names) - set(OPS))
-    if unknown:
-        report.usage_error("ops", f"--ops: unknown op(s) {unknown}; choose from {list(OPS)}")
-    baselines = [] if args.compare == "none" else args.compare.split(",")
-    if set(baselines) - {"eager", "compile"}:
-        report.usage_error(
-            "ops", f"--compare: expected eager,compile or none, got {args.compare!r}"
-        )
-    if not 1 <= args.hc_mult <= 8:
-        report.usage_error("ops", f"--hc-mult: expected a value in [1, 8], got {args.hc_mult}")
     cfg = MhcConfig(hc_mult=args.hc_mult)
     with profiled(args.profile, args.trace):
-        rows, skipped = measure(args, names, baselines, cfg, device)
-    columns = ["op", "tokens", "hidden", "median_us", "p10_us", "p90_us", "GB/s", "%copy"]
-    columns += [
-        c
-        for c in ("graph", "x_gemm", "x_separate", "x_eager", "x_compile")
-        if any(c in r for r in rows)
-    ]
-
-    def plot(ax, rows):
-        for name in names:
-            pts = [(r["tokens"], r["GB/s"]) for r in rows if r["op"] == name]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
-        ax.set_xscale("log")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("GB/s")
-        ax.legend()
-
-    extra = {"skipped_shapes": skipped} if skipped else None
-    report.emit("ops", rows, columns, args, device, extra=extra, plot=plot)
+        rows, skipped = measure(args, args.ops, args.compare, cfg, device)
+    extra = {"warmup": args.warmup, "repeats": args.repeats}
     if skipped:
-        print(
-            f"--budget-s {args.budget_s:g} reached: shapes not measured (hidden, tokens): {skipped}"
-        )
+        extra["skipped_shapes"] = skipped
+    doc = report.document("ops", rows, device, extra=extra, argv=args.argv)
+    report.publish(doc, args, present)
     return 0
+
+
+def present(doc: dict) -> tuple:
+    rows = doc["rows"]
+    columns = [
+        "op",
+        "tokens",
+        "hidden_size",
+        report.interval_col("median_us [p10-p90]", "median_us", "p10_us", "p90_us"),
+        "GB/s",
+        "%copy",
+    ]
+    present_keys = dict.fromkeys(k for r in rows for k in r)
+    columns += [
+        c for c in ("graph", "x_gemm", "x_separate", "x_eager", "x_compile") if c in present_keys
+    ]
+    lines = []
+    if doc.get("skipped_shapes"):
+        lines.append(
+            f"budget reached: shapes not measured (hidden_size, tokens): {doc['skipped_shapes']}"
+        )
+    return [], columns, lines, plot
+
+
+def plot(ax, doc: dict) -> None:
+    rows = doc["rows"]
+    for name in dict.fromkeys(r["op"] for r in rows):
+        for H in dict.fromkeys(r["hidden_size"] for r in rows):
+            pts = [
+                (r["tokens"], r["GB/s"]) for r in rows if (r["op"], r["hidden_size"]) == (name, H)
+            ]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{name} H={H}")
+    if rows:
+        copy = max(r["copy_GB/s"] for r in rows)
+        ax.axhline(copy, linestyle=":", color="0.4", linewidth=1)
+        ax.annotate("fastest copy", xy=(0, copy), xycoords=("axes fraction", "data"), fontsize=7)
+    ax.set_xscale("symlog", base=2)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("GB/s (bytes moved / median time)")
+    ax.legend(fontsize=7)
 
 
 def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
@@ -116,7 +152,7 @@ def measure(args, names, baselines, cfg, device) -> tuple[list[dict], list]:
     the rows and the (hidden, tokens) shapes left out by ``--budget-s``."""
     rows, skipped = [], []
     start = time.monotonic()
-    shapes = [(H, T) for H in args.hidden for T in args.tokens]
+    shapes = [(H, T) for H in args.hidden_size for T in args.tokens]
     for k, (H, T) in enumerate(report.progress(shapes, "ops")):
         if k and args.budget_s and time.monotonic() - start > args.budget_s:
             skipped = shapes[k:]
@@ -166,7 +202,7 @@ def row(name: str, T: int, H: int, nbytes: int, t: dict, device: torch.device) -
     r = {
         "op": name,
         "tokens": T,
-        "hidden": H,
+        "hidden_size": H,
         "bytes": nbytes,
         "median_us": op.median * 1e6,
         "p10_us": op.p10 * 1e6,

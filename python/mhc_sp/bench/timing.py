@@ -4,13 +4,19 @@ bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
+
+from ..profiling import phase, profiled
+from .report import Progress
 
 
 @dataclass
@@ -110,25 +116,197 @@ def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
     return lambda: torch.empty_like(src).copy_(src)
 
 
-def time_across_ranks(
-    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int
-) -> float:
-    """Median seconds of ``fn()`` on this rank, every call started together (a barrier first) and
-    finished on the device before the clock stops. Called by every rank of the world."""
+def sample_across_ranks(
+    cases: dict,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    burst_s: float = 0.005,
+    progress: Callable[[int, int], None] | None = None,
+    unsettled: Callable[[list[dict]], bool] | None = None,
+    max_repeats: int = 0,
+    label: Callable[[object, str], str] | None = None,
+) -> dict:
+    """Timed samples of callables that run on every rank together (collectives, boundaries).
+    ``cases`` maps a case (e.g. a token count) to ``{way: fn}``; returns this rank's
+    ``{case: {way: [seconds per call, one per round]}}``. Called by every rank of the world.
+
+    Each of the ``repeats`` rounds takes one sample of every way of every case, so that a shared
+    machine's drift and bursts of other work spread over all cases and ways alike instead of
+    landing on one of them; within a case the ways alternate their order from round to round, so
+    sample ``r`` of two ways forms a pair taken in the same round (the paired ratio cancels slow
+    drift). A sample is a burst of back-to-back calls (about ``burst_s`` of the case's fastest
+    way; the same count for every way of a case and on every rank; preceded by one untimed call
+    when it holds several) that starts on all ranks together (a barrier first) and ends on the
+    device; sample ``r`` is the same burst on every rank, so the slowest rank of each sample is
+    the boundary's time.
+
+    With ``unsettled`` (``unsettled([this case's samples of every rank]) -> bool``, the same
+    answer on every rank), the cases it names after the first ``repeats`` rounds get further
+    rounds of ``repeats``, up to ``max_repeats`` in all, until it names none: the samples go to
+    the cases that need them. ``progress(rounds done, rounds planned)`` runs after each round.
+    Every call of a way of a case runs inside the profiler phase ``label(case, way)``."""
     import torch.distributed as dist
 
+    def named(case, way):
+        return phase(label(case, way)) if label else contextlib.nullcontext()
+
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    fastest = []  # per case: the least time one call of its fastest way took
+    for case, ways in cases.items():
+        times = []
+        for way, fn in ways.items():
+            with named(case, way):
+                for _ in range(warmup):
+                    fn()
+                for _ in range(3):
+                    sync()
+                    start = time.perf_counter()
+                    fn()
+                    sync()
+                    times.append(time.perf_counter() - start)
+        fastest.append(min(times))
+    fastest = torch.tensor(fastest, dtype=torch.float64)
+    dist.all_reduce(fastest, op=dist.ReduceOp.MAX)  # one burst length on every rank
+    # The ways of a case share one burst length, so that the ranks' skew leaving the barrier is
+    # spread over as many calls for each of them.
+    burst = {
+        case: max(1, min(32, int(burst_s / max(t, 1e-9))))
+        for case, t in zip(cases, fastest.tolist())
+    }
+    samples = {case: {way: [] for way in ways} for case, ways in cases.items()}
+
+    def sample(case, r: int, k: int) -> None:
+        ways = cases[case]
+        for way in list(ways) if (r + k) % 2 == 0 else list(ways)[::-1]:
+            fn, calls = ways[way], burst[case]
+            with named(case, way):
+                if calls > 1:
+                    fn()  # this way's data back in cache, as in a run of equal boundaries
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+            samples[case][way].append((time.perf_counter() - start) / calls)
+
+    todo, done, planned = list(cases), 0, repeats
+    while todo:
+        for r in range(done, done + repeats):
+            for k, case in enumerate(todo):
+                sample(case, r, k)
+            if progress is not None:
+                progress(r + 1, planned)
+        done += repeats
+        if unsettled is None or done + repeats > max_repeats:
+            break
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, {case: samples[case] for case in todo})
+        todo = [case for case in todo if unsettled([rank[case] for rank in everyone])]
+        planned = done + (repeats if todo else 0)
+    return samples
+
+
+def pin_rank(rank: int, world: int, threads: int) -> list[int] | None:
+    """Bind this rank to its own ``threads`` cores of the ones this process may use, as a serving
+    engine binds its workers, when the machine has that many for every rank; returns the cores
+    (None: not pinned). Unpinned ranks may share a core, where one rank's busy wait for the
+    other takes the time the other needs."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    if world * threads > len(cores):
+        return None
+    mine = cores[rank * threads : (rank + 1) * threads]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def slowest_rank(per_rank: Sequence[list[float]]) -> list[float]:
+    """Sample by sample, the slowest rank's time: how long the collective step took."""
+    return [max(s) for s in zip(*per_rank)]
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p10, p90) of ``samples``: nearest-rank percentiles."""
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return statistics.median(ordered), pick(0.1), pick(0.9)
+
+
+def median_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """(median, lo, hi): the median of ``values`` and a distribution-free confidence interval of
+    it from order statistics (the binomial rule: the true median lies between the j-th smallest
+    and the j-th largest value with probability >= ``confidence``). With too few values for that
+    confidence, the interval is the whole range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1 - confidence) / 2
+    j, cumulative = 0, 0.0  # j values may lie below the interval on each side
+    for k in range(n):
+        cumulative += math.comb(n, k) / 2**n
+        if cumulative > tail:
+            break
+        j = k + 1
+    j = max(j, 1)
+    return statistics.median(ordered), ordered[j - 1], ordered[n - j]
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """Sample-by-sample ratios of two ways timed in the same rounds."""
+    return [a / b for a, b in zip(numerator, denominator)]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the ranks of a measuring command sample: its --warmup, --repeats, --device, --threads
+    (per rank), --profile and --trace."""
+
+    warmup: int
+    repeats: int
+    device_type: str
+    threads: int
+    profile: Optional[str]
+    trace: str
+
+    @classmethod
+    def of(cls, args) -> "Sampling":
+        return cls(args.warmup, args.repeats, args.device, args.threads, args.profile, args.trace)
+
+    def rank_device(self, rank: int, world: int) -> torch.device:
+        """This rank's device, its CPU rank bound to its own cores (:func:`pin_rank`)."""
+        if self.device_type == "cpu":
+            pin_rank(rank, world, torch.get_num_threads())
+        return rank_device(self.device_type)
+
+    def sample(self, rank: int, cases: dict, name: str, label, **extend) -> dict:
+        """:func:`sample_across_ranks` of ``cases`` with its phase ``label``, rank 0 showing
+        progress (as ``name``) and feeding the profiler; ``extend``: its ``unsettled`` and
+        ``max_repeats``."""
+        show = Progress(f"{name}: rounds", self.repeats) if rank == 0 else None
+        with profiled(self.profile if rank == 0 else None, self.trace):
+            device = rank_device(self.device_type)
+            return sample_across_ranks(
+                cases, device, self.warmup, self.repeats, progress=show, label=label, **extend
+            )
+
+
+def run_ranks(prog: str, world: int, fn, how: Sampling, *args):
+    """``fn(rank, world, how, *args)`` on ``world`` spawned ranks (gloo on CPU; one GPU per rank
+    with NCCL on CUDA); returns the per-rank results, or None when a rank failed (its traceback
+    is printed: that is a fault to report, not a usage error)."""
+    from ..launch import run_world
+
+    backend = "cpu:gloo,cuda:nccl" if how.device_type == "cuda" else "gloo"
+    try:
+        return run_world(world, fn, how, *args, backend=backend, threads=how.threads, timeout=1800)
+    except AssertionError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
 
 
 def rank_device(device_type: str) -> torch.device:
