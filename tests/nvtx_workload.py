@@ -3,8 +3,9 @@
 ``python nvtx_workload.py FOLDER`` with MHC_SP_NVTX_RECORD set (each process writes its events).
 
 1. ``mhc-sp-bench ops --profile nvtx-record`` (in this process, which has made no NVTX call yet:
-   the CLI attaches the tool itself, and every process started after inherits it); its summary
-   goes to FOLDER/summary.json.
+   the CLI attaches the tool itself); its summary goes to FOLDER/summary.json. ``cli.main``
+   called from Python leaves the environment as it found it, so the workload then names the tool
+   in its own environment for the ranks it starts later.
 2. Every math op, and one with a bad argument.
 3. ``mhc-sp-bench layer --profile torch`` on two shm ranks (trace: FOLDER/layer_trace.json).
 4. A world of two ranks: the collectives and the fused ops on a shm group and on a gloo group,
@@ -122,29 +123,20 @@ def world_worker(rank: int, world: int) -> None:
     dist.barrier()
 
 
-def spelled(command: str, *names: str) -> str:
-    """The first of ``names`` that ``mhc-sp-bench <command>`` takes (flag spellings may change)."""
-    from mhc_sp.bench import cli
-
-    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
-    known = {o for a in sub._actions for o in a.option_strings}
-    return next(n for n in names if n in known)
-
-
 def main() -> None:
     from mhc_sp.bench import cli
     from mhc_sp.launch import run_world
+    from mhc_sp.profiling import use_nvtx_recorder
 
     folder = Path(sys.argv[1])
-    hidden = ("--hidden-size", "--hidden")
-    ops_argv = ["ops", "--tokens", "4", spelled("ops", *hidden), "64", "--compare", "none"]
+    ops_argv = ["ops", "--tokens", "4", "--hidden-size", "64", "--compare", "none"]
     ops_argv += ["--ops", "mhc_post_pre,hc_head", "--repeats", "3", "--warmup", "1"]
     ops_argv += ["--profile", "nvtx-record", "--trace", str(folder / "summary.json")]
     assert cli.main(ops_argv) == 0
+    use_nvtx_recorder()  # for the ranks started below
     math_ops()
-    layer_argv = ["layer", spelled("layer", "-tp", "--tp"), "2", "--tokens", "8"]
-    layer_argv += [spelled("layer", *hidden), "64", "--transport", "shm"]
-    layer_argv += ["--repeats", "1", "--warmup", "0", "--profile", "torch"]
+    layer_argv = ["layer", "-tp", "2", "--tokens", "8", "--hidden-size", "64"]
+    layer_argv += ["--transport", "shm", "--repeats", "1", "--warmup", "0", "--profile", "torch"]
     layer_argv += ["--trace", str(folder / "layer_trace.json")]
     assert cli.main(layer_argv) == 0
     run_world(2, world_worker, timeout=120)
