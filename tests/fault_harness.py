@@ -187,12 +187,13 @@ def run_step(rank, world, step, fault, victim, delay, sync_dir, pids) -> dict:
                 sync.mark("victim_raised", rank)
     elif fault == "never_calls":
         if rank != victim:
+            report["fault_at"] = report["started_at"]
             report.update(loop_until_error(layer, expected, 60))
             sync.mark("raised", rank)
         else:
             sync.wait("raised", world - 1)
-            report.update(loop_until_error(layer, expected, 60))  # must raise at once
-        report["fault_at"] = report["started_at"]
+            report["fault_at"] = time.monotonic()  # its first call, which must raise at once
+            report.update(loop_until_error(layer, expected, 60))
     else:  # mismatch_tokens, mismatch_op
         if rank == victim and fault == "mismatch_tokens":
             call = boundary(group, rank, world, GROWING_TOKENS)[0]
@@ -255,7 +256,8 @@ def fresh_world_worker(rank, world):
 
 def detection(reports: list[dict]) -> dict:
     """Per reporting rank: seconds from the fault to the rank's error (None: no error; for a
-    stopped rank, from its SIGCONT), its exception type and first line."""
+    stopped rank, from its SIGCONT; for a rank that never called, from its late first call), its
+    exception type and first line."""
     live = [r for r in reports if r]
     common = next(r["fault_at"] for r in live if "fault_at" in r)
     resumed = next((r["continued_at"] for r in live if "continued_at" in r), None)

@@ -254,14 +254,22 @@ Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::
   if (rank != 0) unlink.name.clear();
 }
 
-Workspace::~Workspace() { unlink_quietly(seg_name_); }
+Workspace::~Workspace() {
+  // A peer still waiting for this rank (it left between calls, e.g. after an error elsewhere)
+  // fails at once instead of after the timeout; nothing is written into a broken workspace.
+  if (seg_.base() && broken_.empty() && bp::load_broken(&seg_.header()->broken) == 0) {
+    __atomic_store_n(&seg_.control(rank_)->pid, -static_cast<int64_t>(::getpid()),
+                     __ATOMIC_RELAXED);
+  }
+  unlink_quietly(seg_name_);
+}
 
 std::string Workspace::blame() const {
   const uint32_t word = __atomic_load_n(&seg_.header()->blamed, __ATOMIC_RELAXED);
   const int64_t culprit = static_cast<int64_t>(word & 0xffff) - 1;
   if (culprit < 0 || culprit >= world_) return "";
   switch (static_cast<bp::Fault>(word >> 16)) {
-    case bp::Fault::kExited: return c10::str("rank ", culprit, " exited");
+    case bp::Fault::kExited: return c10::str("rank ", culprit, " exited or left the workspace");
     case bp::Fault::kTimedOut:
       return c10::str("rank ", culprit, " did not arrive within ", timeout_.count() / 1000.0, " s");
     case bp::Fault::kMismatch: return c10::str("rank ", culprit, " made a different call");
@@ -349,6 +357,13 @@ void Workspace::arrive_and_wait(const char* what) {
       if (bp::load_acquire(&peer->arrived) >= e) break;
       if (bp::load_broken(&seg_.header()->broken) != 0) fail_after_peer(what);
       const int64_t pid = __atomic_load_n(&seg_.control(p)->pid, __ATOMIC_RELAXED);
+      if (pid < 0) {
+        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", -pid,
+                      ") left the workspace (its group was destroyed or initialised again) "
+                      "during ",
+                      what, "; the workspace is now broken"),
+             p, bp::Fault::kExited);
+      }
       if (process_gone(pid)) {
         fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", pid,
                       ") exited during ", what, "; the workspace is now broken"),

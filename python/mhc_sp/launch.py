@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world, port, backend, threads, collective_timeout, fn, args, queue):
+def _entry(rank, world, addr, port, backend, threads, collective_timeout, fn, args, queue):
     import torch
     import torch.distributed as dist
 
@@ -41,7 +41,7 @@ def _entry(rank, world, port, backend, threads, collective_timeout, fn, args, qu
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
             backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=f"tcp://{addr}:{port}",
             rank=rank,
             world_size=world,
             timeout=timedelta(seconds=collective_timeout),
@@ -71,6 +71,9 @@ def run_world(
     threads: int | None = 1,
     collective_timeout: float = COLLECTIVE_TIMEOUT_S,
     start: str = "spawn",
+    ranks=None,
+    addr: str = "127.0.0.1",
+    port: int | None = None,
 ):
     """Run ``fn(rank, world, *args)`` (a module-level function) on ``world`` spawned ranks of a
     fresh process group; returns the per-rank results. ``backend``: "gloo", or "cpu:gloo,cuda:nccl"
@@ -78,7 +81,9 @@ def run_world(
     None: leave it to ``fn``). ``collective_timeout``: seconds a collective waits for a peer.
     Raises AssertionError with each failing rank's traceback, or when the world does not finish
     within ``timeout`` seconds (every rank is killed). Ranks in ``expect_exit`` may die silently.
-    ``start``: "spawn" or "forkserver" (see the module's docstring)."""
+    ``start``: "spawn" or "forkserver" (see the module's docstring). A world spread over several
+    machines runs ``ranks`` (a subset of ``range(world)``) here, rank 0's machine listening on
+    ``addr:port`` for the rendezvous; the result then lists those ranks' results."""
     if start not in ("spawn", "forkserver"):
         raise ValueError(f"start: expected 'spawn' or 'forkserver', got {start!r}")
     ctx = mp.get_context(start)
@@ -86,16 +91,17 @@ def run_world(
         # Takes effect when this process first starts its server; later calls reuse it.
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     queue = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
+    here = list(range(world)) if ranks is None else list(ranks)
+    port = free_port() if port is None else port
+    procs = {
+        r: ctx.Process(
             target=_entry,
-            args=(r, world, port, backend, threads, collective_timeout, fn, args, queue),
+            args=(r, world, addr, port, backend, threads, collective_timeout, fn, args, queue),
             daemon=True,
         )
-        for r in range(world)
-    ]
-    for p in procs:
+        for r in here
+    }
+    for p in procs.values():
         p.start()
     results, errors = {}, {}
     try:
@@ -103,7 +109,7 @@ def run_world(
         import time
 
         deadline = time.monotonic() + timeout
-        while len(results) + len(errors) < world - len(expect_exit):
+        while len(results) + len(errors) < len(here) - len(set(expect_exit) & set(here)):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(
@@ -115,7 +121,7 @@ def run_world(
             except queue_mod.Empty as empty:
                 dead = [
                     r
-                    for r, p in enumerate(procs)
+                    for r, p in procs.items()
                     if p.exitcode not in (None, 0)
                     and r not in results
                     and r not in errors
@@ -128,7 +134,7 @@ def run_world(
                 continue
             (results if status == "ok" else errors)[rank] = payload
     finally:
-        for p in procs:
+        for p in procs.values():
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
@@ -136,4 +142,4 @@ def run_world(
         raise AssertionError(
             "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
         )
-    return [results.get(r) for r in range(world)]
+    return [results.get(r) for r in here]

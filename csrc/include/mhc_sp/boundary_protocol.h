@@ -90,7 +90,7 @@ enum class Op : uint32_t {
 // Why a rank gave up on a workspace (SegmentHeader::blamed, CPU transport).
 enum class Fault : uint32_t {
   kNone = 0,
-  kExited = 1,    // the blamed rank's process is gone
+  kExited = 1,    // the blamed rank's process is gone, or it left the workspace
   kTimedOut = 2,  // the blamed rank did not reach a barrier within the timeout
   kMismatch = 3,  // the blamed rank's call header differs from rank 0's
   kError = 4,     // the blamed rank abandoned a call after an error of its own
@@ -113,7 +113,8 @@ struct SegmentHeader {
 
 struct alignas(kAlign) RankControl {
   uint64_t arrived;      // the last barrier epoch this rank reached (rule 3)
-  int64_t pid;           // the rank's process id once it has mapped the segment (CPU liveness)
+  int64_t pid;           // CPU liveness: the rank's process id once it has mapped the segment,
+                         // negated when it leaves the workspace (its group freed or re-made)
   uint32_t arrived_low;  // CPU: the low 32 bits of `arrived`, stored after it: a futex word
   uint32_t sleepers;     // CPU: waiters asleep on arrived_low, woken by this rank's next arrival
 };
