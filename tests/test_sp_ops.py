@@ -352,6 +352,36 @@ def test_fused_ops_match_reference(world):
     assert digests == [digests[0]] * world
 
 
+def worker_large_boundary(rank, world):
+    """A boundary whose published rows exceed the size from which shm streams them past the
+    caches (1 MiB): sharded fused_layer and fused_head bitwise those of the single-device ops on
+    the rank-order sum."""
+    import mhc_sp.distributed as msd
+
+    group = msd.init(device="cpu", transport="shm")
+    T, n, H = 1100, 4, 1024  # 550 rows of 2 KiB published per rank and copy
+    i = random_inputs(T, n, H, seed=11)
+    partials = partials_for(world, T, H, seed=12)
+    total = R.sum_partials(partials)
+    mine = [R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")]
+    rows = mine[0].shape[0]
+    lo, hi = rank * rows, min(T, (rank + 1) * rows)
+    got = ops.fused_layer(partials[rank], *mine, *pre_weights(i), group, True, T)
+    alone = ops.mhc_post_pre(total, i["residual"], i["post"], i["comb"], *pre_weights(i))
+    for a, b in zip(got[:3], alone[:3]):
+        assert same_bits(a[: hi - lo], b[lo:hi])
+    assert same_bits(got[3], alone[3])
+    head = ops.fused_head(partials[rank], *mine, *head_weights(i), group, True, T)
+    stream = ops.mhc_post(total, i["residual"], i["post"], i["comb"])
+    assert same_bits(head[1][: hi - lo], stream[lo:hi])
+    assert same_bits(head[0], ops.hc_head(stream, *head_weights(i)))
+    return True
+
+
+def test_large_boundary_on_shm():
+    assert run_world(2, worker_large_boundary, start="forkserver") == [True, True]
+
+
 def worker_compiled_boundary(rank, world):
     import mhc_sp.distributed as msd
 

