@@ -19,7 +19,7 @@ from ..testing import random_inputs
 from . import report
 from .flags import add_common_args, int_list
 
-PATHS = ("fused_sharded", "fused_replicated", "separate_sharded", "math_alone")
+PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
 
 
 def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) -> dict:
@@ -36,13 +36,7 @@ def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) 
         )
         return residual, post, comb, ops.all_gather(layer_input, group, T)
 
-    # The floor of the sharded boundary: the mHC math alone on this rank's real rows, x already
-    # reduced (any rows of the right shape: the math's cost does not depend on the values).
-    valid = max(0, min(shard["residual"].shape[0], T - rank * shard["residual"].shape[0]))
-    own = [shard[k][:valid] for k in ("residual", "post", "comb")]
-
     return {
-        "math_alone": lambda: ops.mhc_post_pre(partial[:valid], *own, *proj, w),
         "fused_sharded": lambda: ops.fused_layer(
             partial, shard["residual"], shard["post"], shard["comb"], *proj, w, group, True, T
         ),
@@ -252,7 +246,6 @@ def run(args) -> int:
                     **{f"{p}_us": t[tr, p] * 1e6 for p in PATHS},
                     "separate/fused": t[tr, "separate_sharded"] / t[tr, "fused_sharded"],
                     "replicated/fused": t[tr, "fused_replicated"] / t[tr, "fused_sharded"],
-                    "fused/math": t[tr, "fused_sharded"] / t[tr, "math_alone"],
                 }
                 if len(transports) > 1:
                     base = t[transports[-1], "fused_sharded"]
@@ -266,7 +259,6 @@ def run(args) -> int:
         *(f"{p}_us" for p in PATHS),
         "separate/fused",
         "replicated/fused",
-        "fused/math",
         *sorted({k for r in rows for k in r if k.startswith("x_")}),
     ]
 
