@@ -12,6 +12,10 @@ Switches (environment):
                            wheel that CUDA builds of torch depend on, else the CUDA toolkit's);
                            with them the recording NVTX tool (tools/nvtx_record) is built beside
                            the extension
+  MHC_SP_SANITIZE=address,undefined
+                           build the C++ (CPU kernels, transports, ops) with these sanitizers, in a
+                           build folder of its own; scripts/sanitize.sh installs such a build
+                           beside the normal one and runs tests under it
 """
 
 import os
@@ -80,6 +84,21 @@ def _arch_items(arch_list):
 def _cuda_architectures(arch_list):
     # "9.0a;10.0a" -> "90a;100a" (CMake CUDA_ARCHITECTURES syntax)
     return ";".join(item.replace("+PTX", "").replace(".", "") for item in _arch_items(arch_list))
+
+
+#: What MHC_SP_SANITIZE may name (compiler -fsanitize= values).
+SANITIZERS = ("address", "undefined", "leak")
+
+
+def _sanitizers():
+    """The sorted -fsanitize= values MHC_SP_SANITIZE asks for ("" for none)."""
+    items = [v.strip() for v in os.environ.get("MHC_SP_SANITIZE", "").split(",") if v.strip()]
+    unknown = [v for v in items if v not in SANITIZERS]
+    if unknown:
+        raise RuntimeError(
+            f"MHC_SP_SANITIZE: expected a comma list of {', '.join(SANITIZERS)}, got {unknown}"
+        )
+    return ",".join(sorted(set(items)))
 
 
 def _nccl_dirs():
@@ -168,6 +187,9 @@ class CMakeBuild(build_ext):
         out_path = Path(self.get_ext_fullpath(ext.name)).resolve()
         # A fixed build folder keeps rebuilds (editable installs included) incremental.
         tag = "cuda" if os.environ.get("MHC_SP_CUDA", "auto") != "0" else "cpu"
+        sanitize = _sanitizers()
+        if sanitize:  # never mixed with the objects of a normal build
+            tag += "-sanitize-" + sanitize.replace(",", "-")
         build_dir = ROOT / "build" / f"cmake-{sys.implementation.cache_tag}-{tag}"
         build_dir.mkdir(parents=True, exist_ok=True)
 
@@ -189,6 +211,7 @@ class CMakeBuild(build_ext):
             "-G",
             "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}",
+            f"-DMHC_SP_SANITIZE={sanitize}",
         ]
         if nvcc is not None:
             cuda_home = nvcc.parent.parent

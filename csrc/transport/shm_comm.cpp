@@ -7,9 +7,11 @@
 //      slot; barrier (+ header check)
 //   2. post+pre over this rank's real rows, the kernel reading x as the rank-order fp32 sum of
 //      every rank's partial rows [r*S, r*S + rows), straight from the peers' slots and from the
-//      rank's own partial; layer_input is written into this rank's slot; padding rows of the
-//      stream outputs are zeros
-//   3. barrier; copy every rank's layer_input rows into the gathered (num_tokens, H) output.
+//      rank's own partial; layer_input is written into this rank's rows of the gathered
+//      (num_tokens, H) output, which is private, and then copied into this rank's slot (so a
+//      rank that was stopped mid-math and resumes after its peers gave up writes nothing into
+//      the segment); padding rows of the stream outputs are zeros
+//   3. barrier; copy the peers' layer_input rows into the gathered output.
 // Replicated: steps 1 and 2 over all rows, outputs kept local, one barrier.
 
 #include <ATen/Parallel.h>
@@ -50,7 +52,6 @@ void zero_rows_from(Tensor& t, int64_t from) {
   if (from < t.size(0)) t.narrow(0, from, t.size(0) - from).zero_();
 }
 
-BFloat16* bf16(uint8_t* p) { return reinterpret_cast<BFloat16*>(p); }
 const BFloat16* bf16(const uint8_t* p) { return reinterpret_cast<const BFloat16*>(p); }
 
 PreParams pre_params(int64_t T, const StreamShape& s, const Tensor& fn, const Tensor& scale,
@@ -83,7 +84,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     Call call =
         ws_.start(bp::Op::kAllGather, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
     const int64_t bytes = static_cast<int64_t>(in.nbytes());
-    copy_bytes(call.in(), in.const_data_ptr(), bytes);
+    call.write_in(in.const_data_ptr(), 0, bytes);
     call.publish();
     for (int64_t r = 0; r < call.world(); ++r) {
       copy_bytes(static_cast<uint8_t*>(out.data_ptr()) + r * bytes, call.peer_in(r), bytes);
@@ -94,7 +95,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   void reduce_scatter(Tensor& out, const Tensor& in) override {
     Call call =
         ws_.start(bp::Op::kReduceScatter, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
-    copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
+    call.write_in(in.const_data_ptr(), 0, static_cast<int64_t>(in.nbytes()));
     call.publish();
     const int64_t shard_bytes = static_cast<int64_t>(out.nbytes());
     std::vector<const void*> parts;
@@ -107,7 +108,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   void all_reduce(Tensor& out, const Tensor& in) override {
     Call call =
         ws_.start(bp::Op::kAllReduce, 0, in.size(0), -1, inner_elements(in), in.scalar_type());
-    copy_bytes(call.in(), in.const_data_ptr(), static_cast<int64_t>(in.nbytes()));
+    call.write_in(in.const_data_ptr(), 0, static_cast<int64_t>(in.nbytes()));
     call.publish();
     std::vector<const void*> parts;
     for (int64_t r = 0; r < call.world(); ++r) parts.push_back(call.peer_in(r));
@@ -129,6 +130,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     Tensor residual = at::empty({rows, s.n, s.H}, a.x.options());
     Tensor post = at::empty({rows, s.n}, a.x.options().dtype(at::kFloat));
     Tensor comb = at::empty({rows, s.n, s.n}, a.x.options().dtype(at::kFloat));
+    Tensor layer_input = at::empty({tokens, s.H}, a.x.options());
     {
       MHC_SP_NVTX_PHASE("fused_entry/pre");
       if (valid > 0) {
@@ -137,17 +139,19 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
         cpu_kernels().mhc_pre_broadcast(
             a.x.const_data_ptr<BFloat16>() + ws_.rank() * rows * s.H, residual.data_ptr<BFloat16>(),
             pre_params(valid, s, fn_summed, a.hc_scale, a.hc_base, a.norm_weight, a.s,
-                       post.data_ptr<float>(), comb.data_ptr<float>(), bf16(call.out())));
+                       post.data_ptr<float>(), comb.data_ptr<float>(),
+                       own_rows(layer_input, rows)));
       }
       zero_rows_from(residual, valid);
       zero_rows_from(post, valid);
       zero_rows_from(comb, valid);
     }
-    Tensor layer_input = [&] {
+    {
       MHC_SP_NVTX_PHASE("fused_entry/gather");
+      share_own_rows(call, layer_input, rows, valid);
       call.publish();
-      return gather(call, tokens, rows, s.H);
-    }();
+      gather_peer_rows(call, layer_input, rows);
+    }
     call.finish();
     return {residual, post, comb, layer_input};
   }
@@ -168,12 +172,12 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     Tensor residual_out = at::empty_like(a.residual);
     Tensor post = at::empty({rows, s.n}, f32);
     Tensor comb = at::empty({rows, s.n, s.n}, f32);
-    Tensor layer_input = a.sharded ? Tensor() : at::empty({tokens, s.H}, a.residual.options());
+    Tensor layer_input = at::empty({tokens, s.H}, a.residual.options());
     {
       MHC_SP_NVTX_PHASE("fused_layer/post_pre");
       if (valid > 0) {
         const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
-        BFloat16* out = a.sharded ? bf16(call.out()) : layer_input.data_ptr<BFloat16>();
+        BFloat16* out = own_rows(layer_input, a.sharded ? rows : 0);
         cpu_kernels().mhc_post_pre(
             post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts),
             pre_params(valid, s, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s,
@@ -185,8 +189,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     }
     if (a.sharded) {
       MHC_SP_NVTX_PHASE("fused_layer/gather");
+      share_own_rows(call, layer_input, rows, valid);
       call.barrier();
-      layer_input = gather(call, tokens, rows, s.H);
+      gather_peer_rows(call, layer_input, rows);
     }
     call.finish();
     return {residual_out, post, comb, layer_input};
@@ -206,14 +211,14 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       call.publish();
     }
     Tensor residual_out = at::empty_like(a.residual);
-    Tensor hidden = a.sharded ? Tensor() : at::empty({tokens, s.H}, a.residual.options());
+    Tensor hidden = at::empty({tokens, s.H}, a.residual.options());
     {
       MHC_SP_NVTX_PHASE("fused_head/post_head");
       if (valid > 0) {
         const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
         cpu_kernels().mhc_post(
             post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
-        BFloat16* out = a.sharded ? bf16(call.out()) : hidden.data_ptr<BFloat16>();
+        BFloat16* out = own_rows(hidden, a.sharded ? rows : 0);
         cpu_kernels().hc_head(residual_out.const_data_ptr<BFloat16>(),
                               pre_params(valid, s, a.head_fn, a.head_scale, a.head_base,
                                          std::nullopt, head_scalars, nullptr, nullptr, out));
@@ -222,8 +227,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     }
     if (a.sharded) {
       MHC_SP_NVTX_PHASE("fused_head/gather");
+      share_own_rows(call, hidden, rows, valid);
       call.barrier();
-      hidden = gather(call, tokens, rows, s.H);
+      gather_peer_rows(call, hidden, rows);
     }
     call.finish();
     return {hidden, residual_out};
@@ -239,10 +245,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     const auto* src = static_cast<const uint8_t*>(partial.const_data_ptr());
     const int64_t own = std::min(ws_.rank() * shard_rows, tokens);
     const int64_t own_end = shard_rows ? own + valid : 0;
-    copy_bytes(call.in(), src, (shard_rows ? own : tokens) * row_bytes);
+    call.write_in(src, 0, (shard_rows ? own : tokens) * row_bytes);
     if (shard_rows) {
-      copy_bytes(call.in() + own_end * row_bytes, src + own_end * row_bytes,
-                 (tokens - own_end) * row_bytes);
+      call.write_in(src + own_end * row_bytes, own_end * row_bytes, (tokens - own_end) * row_bytes);
     }
   }
 
@@ -274,15 +279,27 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
                       .x_parts_count = static_cast<int64_t>(parts.size())};
   }
 
-  // The (tokens, H) concatenation of every rank's published rows (shards of `rows` rows).
-  Tensor gather(const Call& call, int64_t tokens, int64_t rows, int64_t H) const {
-    Tensor out = at::empty({tokens, H}, at::TensorOptions().dtype(at::kBFloat16));
+  // This rank's rows of a (tokens, H) output, from row rank * shard_rows (replicated: 0).
+  BFloat16* own_rows(Tensor& out, int64_t shard_rows) const {
+    return out.data_ptr<BFloat16>() + ws_.rank() * shard_rows * out.size(1);
+  }
+
+  // This rank's `valid` rows of the gathered output into its slot's `out` rows, for the peers.
+  static void share_own_rows(Call& call, const Tensor& out, int64_t shard_rows, int64_t valid) {
+    const int64_t row_bytes = out.size(1) * 2;
+    const auto* src = static_cast<const uint8_t*>(out.const_data_ptr());
+    if (valid > 0) call.write_out(src + call.rank() * shard_rows * row_bytes, 0, valid * row_bytes);
+  }
+
+  // Every peer's published rows (shards of `shard_rows` rows) into the gathered output.
+  static void gather_peer_rows(const Call& call, Tensor& out, int64_t shard_rows) {
+    const int64_t tokens = out.size(0), row_bytes = out.size(1) * 2;
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (int64_t r = 0; r < call.world(); ++r) {
+      if (r == call.rank()) continue;
       const int64_t n = bp::shard_valid_rows(tokens, call.world(), r);
-      copy_bytes(dst + r * rows * H * 2, call.peer_out(r), n * H * 2);
+      copy_bytes(dst + r * shard_rows * row_bytes, call.peer_out(r), n * row_bytes);
     }
-    return out;
   }
 
   shm::Workspace ws_;

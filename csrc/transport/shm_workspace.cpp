@@ -14,10 +14,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <random>
 #include <thread>
+
+#include <ATen/Parallel.h>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "mhc_sp/comm.h"
 
@@ -36,6 +43,9 @@ constexpr int kSpinsPerClock = 64;
 constexpr auto kCheckEvery = std::chrono::microseconds(5000);  // liveness, timeout, broken word
 
 constexpr int64_t kInitialHalfBytes = int64_t{1} << 20;
+// Rows published into the segment are copied in chunks of this size, the broken word checked
+// before each (rule 6): what a rank stopped mid-copy may still write once it runs again.
+constexpr int64_t kWriteChunk = int64_t{64} << 10;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -169,6 +179,56 @@ Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
   }
 }
 
+// Rows published for the peers bypass this core's caches when there are many of them: streaming
+// stores skip reading every destination line before writing it (a quarter less time for the
+// partial's copy at 2048 tokens, H = 4096, 2 ranks), and the peers read the rows from memory
+// either way. Small publications stay in the caches the peers may hit. x86-64 has SSE2 always.
+constexpr int64_t kStreamingBytes = int64_t{1} << 20;
+
+void copy_streaming(uint8_t* dst, const uint8_t* src, int64_t n) {
+#if defined(__x86_64__)
+  int64_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
+  for (; i + 64 <= n; i += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(src + i);
+    auto* d = reinterpret_cast<__m128i*>(dst + i);
+    const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+    const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Streaming stores are weakly ordered: this fence orders them before the release store with which
+// the barrier publishes them (rule 3).
+void fence_streaming() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+void unlink_quietly(const std::string& name) {
+  if (!name.empty()) ::shm_unlink(name.c_str());  // ENOENT: rank 0 or a peer already did
+}
+
+uint32_t blamed_word(int64_t culprit, bp::Fault why) {
+  return (static_cast<uint32_t>(why) << 16) | static_cast<uint32_t>(culprit + 1);
+}
+
+// The first rank to blame a peer is the one recorded (like `broken`, rule 6).
+void mark_broken(bp::SegmentHeader* h, int64_t rank, int64_t culprit, bp::Fault why) {
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(&h->blamed, &expected, blamed_word(culprit, why), false,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  bp::mark_broken(&h->broken, static_cast<uint32_t>(rank));
+}
+
 const char* tensor_arg(bp::Op op) {
   return op == bp::Op::kFusedLayer || op == bp::Op::kFusedHead ? "partial" : "x";
 }
@@ -211,41 +271,88 @@ Segment::~Segment() {
 
 Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::string& segment,
                      std::chrono::milliseconds timeout)
-    : group_(std::move(group)), rank_(rank), world_(world), timeout_(timeout) {
+    : group_(std::move(group)), name_(segment), rank_(rank), world_(world), timeout_(timeout) {
   cpu_set_t cpus;
   const int64_t cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   spin_for_ = world <= cores ? kSpinForOwnCore : kSpinForSharedCore;
   TORCH_CHECK_VALUE(world >= 2 && world <= bp::kMaxWorld, "group: the shm transport serves 2 to ",
                     bp::kMaxWorld, " ranks, got ", world);
-  TORCH_CHECK_VALUE(segment.size() >= 2 && segment.size() < bp::kNameBytes && segment[0] == '/',
+  // Room for the suffix of grown segments ("_<generation>").
+  TORCH_CHECK_VALUE(segment.size() >= 2 && segment.size() + 12 < bp::kNameBytes &&
+                        segment[0] == '/' && segment.find('/', 1) == std::string::npos,
                     "segment: expected a POSIX shared-memory name, got '", segment, "'");
-  Unlinker unlink{rank == 0 ? segment : std::string()};
+  // Whoever fails to join removes the segment: rank 0 may have died after creating it.
+  Unlinker unlink{segment};
   seg_ = rank == 0 ? create_segment(segment, world, kInitialHalfBytes)
                    : open_segment(segment, world, -1, Clock::now() + timeout_);
+  seg_name_ = segment;
   __atomic_store_n(&seg_.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
   barrier("joining the workspace");
+  // Every rank has mapped it: rank 0 unlinks it now (Unlinker), the others leave it to rank 0.
+  if (rank != 0) unlink.name.clear();
 }
 
-void Workspace::fail(const std::string& message) {
+Workspace::~Workspace() {
+  // A peer still waiting for this rank (it left between calls, e.g. after an error elsewhere)
+  // fails at once instead of after the timeout; nothing is written into a broken workspace.
+  if (seg_.base() && broken_.empty() && bp::load_broken(&seg_.header()->broken) == 0) {
+    __atomic_store_n(&seg_.control(rank_)->pid, -static_cast<int64_t>(::getpid()),
+                     __ATOMIC_RELAXED);
+  }
+  unlink_quietly(seg_name_);
+}
+
+std::string Workspace::blame() const {
+  const uint32_t word = __atomic_load_n(&seg_.header()->blamed, __ATOMIC_RELAXED);
+  const int64_t culprit = static_cast<int64_t>(word & 0xffff) - 1;
+  if (culprit < 0 || culprit >= world_) return "";
+  switch (static_cast<bp::Fault>(word >> 16)) {
+    case bp::Fault::kExited: return c10::str("rank ", culprit, " exited or left the workspace");
+    case bp::Fault::kTimedOut:
+      return c10::str("rank ", culprit, " did not arrive within ", timeout_.count() / 1000.0, " s");
+    case bp::Fault::kMismatch: return c10::str("rank ", culprit, " made a different call");
+    case bp::Fault::kError: return c10::str("rank ", culprit, " failed");
+    default: return "";
+  }
+}
+
+void Workspace::fail(const std::string& message, int64_t culprit, bp::Fault why) {
   broken_ = message;
-  bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
+  mark_broken(seg_.header(), rank_, culprit, why);
+  unlink_quietly(seg_name_);
   TORCH_CHECK(false, message);
 }
 
-void Workspace::check_usable() const {
-  TORCH_CHECK(broken_.empty(), "group '", group_,
-              "' (shm transport): the workspace is broken by an "
-              "earlier error (",
-              broken_,
-              "); call mhc_sp.distributed.init(group) on every rank "
-              "for a new one");
+void Workspace::fail_after_peer(const char* what) {
   const uint32_t by = bp::load_broken(&seg_.header()->broken);
-  TORCH_CHECK(by == 0, "group '", group_, "' (shm transport): rank ", by - 1,
-              " gave up on the workspace after an error (see that rank's error); call "
-              "mhc_sp.distributed.init(group) on every rank for a new one");
+  const std::string culprit = blame();
+  broken_ = c10::str(culprit.empty() ? std::string() : c10::str(culprit, ", so "), "rank ", by - 1,
+                     " gave up on the workspace (see rank ", by - 1, "'s error)");
+  unlink_quietly(seg_name_);
+  TORCH_CHECK(false, "group '", group_, "' (shm transport): ", broken_, "; seen during ", what,
+              "; the workspace is broken: call mhc_sp.distributed.init(group) on every rank for "
+              "a new one");
+}
+
+void Workspace::fail_if_peer_gave_up(const char* what) {
+  if (bp::load_broken(&seg_.header()->broken) != 0) fail_after_peer(what);
+}
+
+void Workspace::check_usable(const char* what) {
+  TORCH_CHECK(broken_.empty(), "group '", group_,
+              "' (shm transport): the workspace is broken by an earlier error (", broken_,
+              "); call mhc_sp.distributed.init(group) on every rank for a new one");
+  fail_if_peer_gave_up(what);
 }
 
 void Workspace::barrier(const char* what) {
+  arrive_and_wait(what);
+  fail_if_peer_gave_up(what);
+}
+
+void Workspace::arrive_and_wait(const char* what) {
+  // A rank that resumes after its peers gave up (e.g. it was stopped) does not even arrive.
+  fail_if_peer_gave_up(what);
   const uint64_t e = ++epoch_;
   bp::RankControl* mine = seg_.control(rank_);
   bp::store_release(&mine->arrived, e);
@@ -267,36 +374,72 @@ void Workspace::barrier(const char* what) {
         spinning = Clock::now() - start < spin_for_;
         continue;
       }
-      // Announce the sleep before the last look (both sequentially consistent), so that either
-      // this look sees the arrival or the arriving peer sees a sleeper and wakes it.
-      __atomic_fetch_add(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
-      const uint32_t seen = __atomic_load_n(&peer->arrived_low, __ATOMIC_SEQ_CST);
-      if (bp::load_acquire(&peer->arrived) < e) {
-        futex_wait(&peer->arrived_low, seen, kCheckEvery);
+      // Once a peer gave up, this rank writes nothing more into the segment (rule 6): it neither
+      // announces a sleep nor takes back one it announced before it was stopped.
+      const bool gave_up = bp::load_broken(&seg_.header()->broken) != 0;
+      if (!gave_up) {
+        // Announce the sleep before the last look (both sequentially consistent), so that either
+        // this look sees the arrival or the arriving peer sees a sleeper and wakes it.
+        __atomic_fetch_add(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+        const uint32_t seen = __atomic_load_n(&peer->arrived_low, __ATOMIC_SEQ_CST);
+        if (bp::load_acquire(&peer->arrived) < e) {
+          futex_wait(&peer->arrived_low, seen, kCheckEvery);
+        }
+        if (bp::load_broken(&seg_.header()->broken) == 0) {
+          __atomic_fetch_sub(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
+        }
       }
-      __atomic_fetch_sub(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
       const auto now = Clock::now();
-      if (now < next_check) continue;
+      if (!gave_up && now < next_check) continue;
       next_check = now + kCheckEvery;
       if (bp::load_acquire(&peer->arrived) >= e) break;
-      const uint32_t by = bp::load_broken(&seg_.header()->broken);
-      if (by != 0) {
-        fail(c10::str("group '", group_, "' (shm transport): rank ", by - 1, " gave up during ",
-                      what, " (see that rank's error) while rank ", p,
-                      " had not arrived; the workspace is now broken"));
-      }
+      if (bp::load_broken(&seg_.header()->broken) != 0) fail_after_peer(what);
       const int64_t pid = __atomic_load_n(&seg_.control(p)->pid, __ATOMIC_RELAXED);
+      if (pid < 0) {
+        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", -pid,
+                      ") left the workspace (its group was destroyed or initialised again) "
+                      "during ",
+                      what, "; the workspace is now broken"),
+             p, bp::Fault::kExited);
+      }
       if (process_gone(pid)) {
         fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", pid,
-                      ") exited during ", what, "; the workspace is now broken"));
+                      ") exited during ", what, "; the workspace is now broken"),
+             p, bp::Fault::kExited);
       }
       if (now - start >= timeout_) {
         fail(c10::str("group '", group_, "' (shm transport): rank ", p, " did not reach ", what,
                       " within ", timeout_.count() / 1000.0,
-                      " s (the group's timeout); the workspace is now broken"));
+                      " s (the group's timeout); the workspace is now broken"),
+             p, bp::Fault::kTimedOut);
       }
     }
   }
+}
+
+void Workspace::write_checked(uint8_t* dst, const void* src, int64_t bytes, const char* what) {
+  if (bytes <= 0) return;
+  const uint32_t* broken = &seg_.header()->broken;
+  std::atomic<bool> stopped{false};
+  const int64_t chunks = (bytes + kWriteChunk - 1) / kWriteChunk;
+  const bool streaming = bytes >= kStreamingBytes;
+  // Large copies split across the threads the op may use (64 chunks: 4 MiB per task at least).
+  at::parallel_for(0, chunks, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      if (bp::load_broken(broken) != 0) {
+        stopped.store(true, std::memory_order_relaxed);
+        break;
+      }
+      const int64_t lo = c * kWriteChunk, hi = std::min(bytes, lo + kWriteChunk);
+      if (streaming) {
+        copy_streaming(dst + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+      } else {
+        std::memcpy(dst + lo, static_cast<const uint8_t*>(src) + lo, hi - lo);
+      }
+    }
+    if (streaming) fence_streaming();  // on every thread that streamed
+  });
+  if (stopped.load(std::memory_order_relaxed)) fail_after_peer(what);
 }
 
 void Workspace::check_headers(int64_t half) {
@@ -325,7 +468,8 @@ void Workspace::check_headers(int64_t half) {
                         r, " passed ", static_cast<c10::ScalarType>(h.dtype));
     }
     broken_ = c10::str(arg, ": ranks disagree on ", op_name(op0), ": ", detail);
-    bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
+    mark_broken(seg_.header(), rank_, r, bp::Fault::kMismatch);
+    unlink_quietly(seg_name_);
     TORCH_CHECK_VALUE(false, broken_, " (group '", group_,
                       "', shm transport: every rank must make "
                       "the same call; the workspace is now broken)");
@@ -334,41 +478,50 @@ void Workspace::check_headers(int64_t half) {
 
 void Workspace::grow(int64_t need) {
   const int64_t half = bp::align_up(std::max(need, 2 * seg_.half_bytes()), bp::kPage);
+  // Every rank knows the name, so any rank that fails removes the segment (rank 0 may die after
+  // creating it); rank 0 also announces it in next_name (rule 7).
+  const std::string name = c10::str(name_, "_", generation_ + 1);
+  Unlinker unlink{name};
   Segment next;
-  Unlinker unlink;
   if (rank_ == 0) {
-    const std::string name = new_shm_segment_name();
+    std::memset(seg_.header()->next_name, 0, bp::kNameBytes);
+    std::memcpy(seg_.header()->next_name, name.data(), name.size());
     try {
       next = create_segment(name, world_, half);
     } catch (const c10::Error& e) {
       fail(c10::str("group '", group_, "' (shm transport): cannot grow the workspace to ", half,
-                    " bytes per rank and half: ", e.what_without_backtrace()));
+                    " bytes per rank and half: ", e.what_without_backtrace()),
+           rank_, bp::Fault::kError);
     }
-    unlink.name = name;
-    std::memset(seg_.header()->next_name, 0, bp::kNameBytes);
-    std::memcpy(seg_.header()->next_name, name.data(), name.size());
   }
   barrier("growing the workspace");
   if (rank_ != 0) {
     const auto* raw = seg_.header()->next_name;
-    const std::string name(raw, strnlen(raw, bp::kNameBytes));
+    const std::string announced(raw, strnlen(raw, bp::kNameBytes));
     try {
+      TORCH_CHECK(announced == name, "rank 0 announced segment '", announced, "', expected '", name,
+                  "'");
       next = open_segment(name, world_, half, Clock::now() + timeout_);
     } catch (const c10::Error& e) {
       fail(c10::str("group '", group_, "' (shm transport): cannot map the grown workspace: ",
-                    e.what_without_backtrace()));
+                    e.what_without_backtrace()),
+           rank_, bp::Fault::kError);
     }
   }
   __atomic_store_n(&next.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
   barrier("growing the workspace");
   seg_ = std::move(next);
+  seg_name_ = name;
+  ++generation_;
   epoch_ = 0;
+  // Every rank has mapped it: rank 0 unlinks it now (Unlinker), the others leave it to rank 0.
+  if (rank_ != 0) unlink.name.clear();
 }
 
 Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_tokens, int64_t inner,
                       at::ScalarType dtype) {
   std::unique_lock<std::mutex> lock(mutex_);
-  check_usable();
+  check_usable(op_name(op));
   bp::CallHeader h{};
   h.op = static_cast<uint32_t>(op);
   h.flags = flags;
@@ -384,8 +537,9 @@ Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_token
     // Rule 7: the headers are compared before anyone acts on their size.
     const int64_t half = static_cast<int64_t>(h.call % 2);
     *reinterpret_cast<bp::CallHeader*>(seg_.half(rank_, half)) = h;
-    barrier(op_name(op));
+    arrive_and_wait(op_name(op));
     check_headers(half);
+    fail_if_peer_gave_up(op_name(op));
     grow(need);
     h.epoch = epoch_ + 1;
   }
@@ -411,13 +565,23 @@ Call::~Call() {
   if (done_ || !ws_.broken_.empty()) return;
   ws_.broken_ = c10::str("rank ", rank_, " abandoned ", op_name(static_cast<bp::Op>(header_.op)),
                          " after an error");
-  bp::mark_broken(&ws_.seg_.header()->broken, static_cast<uint32_t>(rank_));
+  mark_broken(ws_.seg_.header(), rank_, rank_, bp::Fault::kError);
+}
+
+void Call::write_in(const void* src, int64_t offset, int64_t bytes) {
+  ws_.write_checked(in() + offset, src, bytes, op_name(static_cast<bp::Op>(header_.op)));
+}
+
+void Call::write_out(const void* src, int64_t offset, int64_t bytes) {
+  ws_.write_checked(out() + offset, src, bytes, op_name(static_cast<bp::Op>(header_.op)));
 }
 
 void Call::publish() {
-  const auto op = static_cast<bp::Op>(header_.op);
-  ws_.barrier(op_name(op));
+  const char* what = op_name(static_cast<bp::Op>(header_.op));
+  ws_.arrive_and_wait(what);
+  // Headers first: a mismatch is a ValueError on every rank, whoever marked the workspace first.
   ws_.check_headers(static_cast<int64_t>(header_.call % 2));
+  ws_.fail_if_peer_gave_up(what);
 }
 
 void Call::barrier() { ws_.barrier(op_name(static_cast<bp::Op>(header_.op))); }

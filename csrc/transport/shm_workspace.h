@@ -60,7 +60,11 @@ class Call {
   const uint8_t* peer_in(int64_t r) const { return halves_[r] + layout_.in_offset; }
   const uint8_t* peer_out(int64_t r) const { return halves_[r] + layout_.out_offset; }
   int64_t world() const { return static_cast<int64_t>(halves_.size()); }
+  int64_t rank() const { return rank_; }
 
+  // `bytes` from `src` into this rank's `in` / `out` rows (rule 6: checked between chunks).
+  void write_in(const void* src, int64_t offset, int64_t bytes);
+  void write_out(const void* src, int64_t offset, int64_t bytes);
   // The first barrier: every rank's header and `in` rows are published, and the headers agree.
   void publish();
   // A later barrier: every rank's `out` rows are published.
@@ -86,6 +90,10 @@ class Workspace {
   // Collective: rank 0 creates `segment`, the others map it, rank 0 unlinks it once all have.
   Workspace(std::string group, int64_t rank, int64_t world, const std::string& segment,
             std::chrono::milliseconds timeout);
+  // Unlinks the current segment's name in case rank 0 could not (no error when it is gone).
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
 
   // Starts a call (rules 2, 4, 7): fails at once on a broken workspace, grows the workspace with
   // every peer when the call needs more room, writes this rank's CallHeader.
@@ -100,13 +108,27 @@ class Workspace {
  private:
   friend class Call;
   // Arrives at the next epoch and waits for every peer (rule 3); `what` names the call in errors.
+  // Fails, without arriving, on a workspace a peer gave up on.
+  void arrive_and_wait(const char* what);
+  // arrive_and_wait, then fails if a peer gave up meanwhile (rule 6).
   void barrier(const char* what);
+  void fail_if_peer_gave_up(const char* what);
   void check_headers(int64_t half);
   void grow(int64_t need);
-  [[noreturn]] void fail(const std::string& message);
-  void check_usable() const;
+  // Copies into this rank's slot in chunks, stopping when a peer gives up (rule 6).
+  void write_checked(uint8_t* dst, const void* src, int64_t bytes, const char* what);
+  // Marks the workspace broken, blaming `culprit` for `why`, and throws `message`.
+  [[noreturn]] void fail(const std::string& message, int64_t culprit, bp::Fault why);
+  // A peer marked the workspace broken: throws, naming the rank it blamed.
+  [[noreturn]] void fail_after_peer(const char* what);
+  void check_usable(const char* what);
+  // "rank R <why>" for the blamed word, or "" when nobody is blamed.
+  std::string blame() const;
 
   std::string group_;
+  std::string name_;      // the first segment's name; grown segments add "_<generation>"
+  std::string seg_name_;  // the mapped segment's name (unlinked on failure and destruction)
+  int64_t generation_ = 0;
   int64_t rank_, world_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds spin_for_;  // how long a wait spins before it sleeps

@@ -10,7 +10,8 @@ the device it names; the op schemas never change with it:
   rows of its tokens straight from its peers' memory inside the mHC post+pre, in fp32 in rank
   order); or ``"gloo"``, the group's own gloo backend (a group created with backend ``"gloo"`` or
   ``"cpu:gloo,cuda:nccl"``), which also crosses hosts. ``"auto"`` picks shm when every rank of
-  the group runs on this host (same kernel boot, IPC and PID namespaces), gloo otherwise.
+  the group runs on this host (:func:`hosts`: one kernel boot and PID namespace, shared memory
+  that every rank can open), gloo otherwise.
 * CUDA tensors: ``"symm"``, a buffer per rank from torch symmetric memory that every rank maps
   (one host, CUDA peer access between every pair of the group's GPUs), on which ``fused_layer``
   runs as one kernel (replicated, up to 16 tokens) or two (sharded) that sum the partial rows in
@@ -37,6 +38,7 @@ recorded the failure (a rank that was not in the failed call records it in its n
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from datetime import timedelta
 
@@ -132,27 +134,118 @@ def _timeout_seconds(pg: ProcessGroup, timeout: float | None) -> float:
         return dist.default_pg_timeout.total_seconds()
 
 
-def _host_identity() -> tuple:
-    """Ranks with equal identities share this kernel's memory, IPC and PID namespaces: they can
-    map one POSIX shared-memory segment and see each other's process ids."""
+#: Where POSIX shared-memory names live on Linux (shm_open("/x") is this directory's "x").
+_SHM_DIR = "/dev/shm"
+
+
+def _host_facts() -> dict:
+    """This process's side of :func:`hosts`: its kernel boot, its PID namespace, and a fresh
+    shared-memory probe (a private segment with a random name and random content), or None where
+    a fact cannot be had (then no other rank is taken to share the host)."""
+    facts = {"hostname": socket.gethostname(), "boot": None, "pid_ns": None, "probe": None}
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        ns = tuple(os.stat(f"/proc/self/ns/{k}").st_ino for k in ("ipc", "pid", "mnt"))
-    except OSError:  # not Linux: never assume a shared host
-        return (socket.gethostname(), os.getpid())
-    return (socket.gethostname(), boot, ns)
+            facts["boot"] = f.read().strip()
+        st = os.stat("/proc/self/ns/pid")
+        facts["pid_ns"] = (st.st_dev, st.st_ino)
+    except OSError:
+        pass
+    name, token = f"mhc_sp_probe_{secrets.token_hex(16)}", secrets.token_hex(16)
+    try:
+        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        facts["probe"] = (name, token)
+    except OSError:
+        pass
+    return facts
+
+
+def _reads_probe(probe) -> bool:
+    """Whether this process opens the shared-memory segment `probe` and finds its content."""
+    if probe is None:
+        return False
+    try:
+        with open(os.path.join(_SHM_DIR, probe[0])) as f:
+            return f.read() == probe[1]
+    except OSError:
+        return False
+
+
+def hosts(group: GroupLike = None) -> tuple[list[int], list[str]]:
+    """Which ranks of ``group`` (None = WORLD) share a host; collective over the group.
+
+    Two ranks share a host when they run on the same kernel boot (its boot id), in the same PID
+    namespace (the shm transport watches its peers' process ids) and each reads a shared-memory
+    segment that the other has just created with a random name and content (so they share
+    ``/dev/shm``). The hostname is not used: containers and network namespaces give one machine
+    several names, and separate machines can have the same one.
+
+    Returns ``(host, why)``: ``host[r]`` numbers rank r's host (rank 0's is 0, the others in the
+    order their first rank appears) and ``why[r]`` says why rank r is not on rank 0's host ("" when
+    it is).
+    """
+    pg = dist.group.WORLD if group is None else group
+    if isinstance(pg, str):
+        pg = resolve(pg)
+    world = pg.size()
+    mine = _host_facts()
+    try:
+        facts = [None] * world
+        dist.all_gather_object(facts, mine, group=pg)
+        reads = [None] * world  # reads[a][b]: rank a read rank b's probe
+        dist.all_gather_object(reads, [_reads_probe(f["probe"]) for f in facts], group=pg)
+    finally:
+        if mine["probe"] is not None:
+            try:
+                os.unlink(os.path.join(_SHM_DIR, mine["probe"][0]))
+            except OSError:
+                pass
+
+    def differs(a: int, b: int) -> str:
+        """Why ranks a and b are not on one host ("" when they are)."""
+        fa, fb = facts[a], facts[b]
+        if fa["boot"] is None or fa["boot"] != fb["boot"]:
+            return "another kernel boot id"
+        if fa["pid_ns"] is None or fa["pid_ns"] != fb["pid_ns"]:
+            return "another PID namespace"
+        if not (reads[a][b] and reads[b][a]):
+            return (
+                f"no shared memory with rank {a} (a segment made by one is not found by the other)"
+            )
+        return ""
+
+    host, firsts = [], []
+    for r in range(world):
+        same = [k for k, first in enumerate(firsts) if not differs(first, r)]
+        if same:
+            host.append(same[0])
+        else:
+            host.append(len(firsts))
+            firsts.append(r)
+    why = [differs(0, r) if host[r] != 0 else "" for r in range(world)]
+    return host, why
+
+
+#: Why each CPU group got its transport (see :func:`transport`; CUDA groups: ``_symm.reason``).
+_REASONS: dict[str, str] = {}
 
 
 def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str, timeout) -> None:
-    hosts = [None] * world
-    dist.all_gather_object(hosts, _host_identity(), group=pg)
-    elsewhere = [r for r, h in enumerate(hosts) if h != hosts[0]]
+    host, why = hosts(pg)
+    elsewhere = [r for r in range(world) if host[r] != 0]
+    detail = "; ".join(f"rank {r}: {why[r]}" for r in elsewhere)
     if transport == "shm" and elsewhere:
         raise ValueError(
             f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
-            f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto')"
+            f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto'): {detail}"
         )
+    _REASONS[name] = f"{transport!r} requested: " + (
+        f"ranks {elsewhere} are not on rank 0's host ({detail})"
+        if elsewhere
+        else "every rank is on rank 0's host (one kernel boot and PID namespace, and each rank "
+        "found a shared-memory segment of every other)"
+    )
     if transport == "gloo" or (transport == "auto" and elsewhere):
         _C.init_gloo_transport(name)
         return
@@ -218,7 +311,7 @@ def init(
 
 class Transport(str):
     """A transport's name (equal to the plain string), with ``reason``: why ``init`` chose it
-    (recorded for CUDA groups; None otherwise)."""
+    (None where that is not known)."""
 
     reason: str | None = None
 
@@ -226,21 +319,22 @@ class Transport(str):
 def transport(group: GroupLike = None, device: torch.device | str | None = None) -> str | None:
     """The transport ``group`` uses for tensors on ``device`` (default: cuda when available):
     ``"shm"``, ``"gloo"``, ``"symm"``, ``"nccl"``, ``"local"`` for a world of one, or None when
-    ``init`` set none up for that device. For CUDA its ``reason`` says why ``init`` chose it (for
-    example, that a pair of GPUs lacks peer access or native atomics)."""
+    ``init`` set none up for that device. The name is a :class:`Transport`: its ``reason`` says
+    why ``init`` chose it (which ranks are on another host, which GPUs lack peer access or native
+    atomics), where that is known."""
     name, device_type = group_name(group), _device_type(device)
     chosen = _C.group_transport(name, device_type)
     if not chosen:
         return None
     out = Transport(chosen)
-    if device_type == "cuda":
-        out.reason = _symm.reason(name)
+    out.reason = _symm.reason(name) if device_type == "cuda" else _REASONS.get(name)
     return out
 
 
 def destroy() -> None:
     """Free every communicator and workspace and forget every group registered with :func:`init`."""
     _C.unregister_all_groups()
+    _REASONS.clear()
     _symm.release()
 
 

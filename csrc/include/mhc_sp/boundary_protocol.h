@@ -16,8 +16,8 @@
 // Rules (every rank, every call):
 //  1. Ownership. Rank r writes only its own RankControl and its own slot halves; it reads peers'
 //     slots only between the barriers that publish them (rules 3, 4). The SegmentHeader is
-//     written by its creator before any peer maps it, except `broken` (any rank, rule 6) and
-//     `next_name` (rank 0, rule 7).
+//     written by its creator before any peer maps it, except `broken` and `blamed` (any rank,
+//     rule 6) and `next_name` (rank 0, rule 7).
 //  2. Calls. Every rank makes the same sequence of calls on a workspace. Call number c (0, 1, ...)
 //     uses half c % 2 of every slot. A call writes its CallHeader, then its `in` rows, arrives at
 //     a barrier, and may publish `out` rows before a second barrier. Two halves let a call with a
@@ -45,17 +45,25 @@
 //     Rows at or past a call's real rows (padding) read as zeros and are never published.
 //  6. Errors. A wait is bounded by the group's timeout and fails early when a peer is known to be
 //     gone (CPU: its process no longer exists). The failing rank stores 1 + its rank into
-//     SegmentHeader::broken; every waiter checks that word and fails at once, and every later
-//     call on a broken workspace fails before touching it (on the device, where the kernel finds
-//     out: it records the refusal, naming the rank that broke it, and fills its outputs with NaN;
-//     the rank's next op raises).
+//     SegmentHeader::broken (and, on the CPU, the rank it blames and why into `blamed`, so that
+//     every rank's error names the same culprit); every waiter checks that word and fails at
+//     once, and every later call on a broken workspace fails before touching it. A rank checks
+//     the word before it arrives at a barrier, after it passes one (the first barrier of a call:
+//     after the header check, so that a mismatch is reported as such on every rank) and, on the
+//     CPU, between chunks of the rows it publishes: a rank that was stopped while its peers gave
+//     up writes nothing more into the abandoned workspace once it runs again (at most the rest of
+//     the chunk it was copying). On the device, where a kernel finds the word set, it records the
+//     refusal, naming the rank that broke it, and fills its outputs with NaN; the rank's next op
+//     raises.
 //  7. Capacity. A call needs layout_for(header, world).need bytes of its half. When the half is
 //     too small on the CPU transport, every rank (they make the same call, rule 2) takes part in
 //     growing: the call's header alone is published at a barrier (so rule 4 runs first), rank 0
-//     creates a larger segment and writes its name into next_name, a barrier, the peers map it,
-//     a barrier, rank 0 unlinks it; everyone then rewrites its header in the new segment and
-//     continues there from epoch 0. There is no silent size cap: a segment that cannot be
-//     reserved is an error.
+//     writes the name of a larger segment into next_name and creates it, a barrier, the peers
+//     map it, a barrier, rank 0 unlinks it; everyone then rewrites its header in the new segment
+//     and continues there from epoch 0. There is no silent size cap: a segment that cannot be
+//     reserved is an error. Every name a workspace uses is its first name plus a suffix, and a
+//     rank that fails unlinks the names it knows (a missing name is no error), so a segment
+//     survives no crash of any rank, rank 0 included.
 
 #include <cstdint>
 
@@ -84,6 +92,15 @@ enum class Op : uint32_t {
   kFusedHead = 6,
 };
 
+// Why a rank gave up on a workspace (SegmentHeader::blamed, CPU transport).
+enum class Fault : uint32_t {
+  kNone = 0,
+  kExited = 1,    // the blamed rank's process is gone, or it left the workspace
+  kTimedOut = 2,  // the blamed rank did not reach a barrier within the timeout
+  kMismatch = 3,  // the blamed rank's call header differs from rank 0's
+  kError = 4,     // the blamed rank abandoned a call after an error of its own
+};
+
 enum Flags : uint32_t {
   kSharded = 1u << 0,  // fused ops: token-sharded stream (reduce-scatter + all-gather)
 };
@@ -95,13 +112,14 @@ struct SegmentHeader {
   uint64_t half_bytes;   // bytes of one slot half (a multiple of kAlign)
   uint64_t total_bytes;  // segment_bytes(world, half_bytes): the size every rank must see
   uint32_t broken;       // 0, or 1 + the rank that marked the workspace broken
-  uint32_t reserved;
+  uint32_t blamed;       // CPU: 0, or (Fault << 16) | (1 + the rank at fault), first writer wins
   char next_name[kNameBytes];  // growth: the name of the segment that replaces this one
 };
 
 struct alignas(kAlign) RankControl {
   uint64_t arrived;      // the last barrier epoch this rank reached (rule 3)
-  int64_t pid;           // the rank's process id once it has mapped the segment (CPU liveness)
+  int64_t pid;           // CPU liveness: the rank's process id once it has mapped the segment,
+                         // negated when it leaves the workspace (its group freed or re-made)
   uint32_t arrived_low;  // CPU: the low 32 bits of `arrived`, stored after it: a futex word
   uint32_t sleepers;     // CPU: waiters asleep on arrived_low, woken by this rank's next arrival
 };

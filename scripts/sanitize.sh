@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The C++ code (CPU kernels, shm and gloo transports, ops) under AddressSanitizer and
+# UndefinedBehaviorSanitizer: builds mhc_sp with MHC_SP_SANITIZE=address,undefined (CPU only) into
+# build/sanitize/site (its own build folder; the normal build and .venv's editable install are
+# left alone), then runs the op tests, the bad-input tests and the shm tests (worlds 2, 3 and 4,
+# injected faults included) with that copy first on the path and the ASan runtime preloaded (the
+# Python interpreter is not built with it, so it must come first, and libstdc++ with it, whose
+# __cxa_throw ASan must find when it starts), and counts the sanitizers' reports. Writes a JSON summary (default bench/results/sanitize.json); exits 1 on any report or
+# failed test. Needs .venv (scripts/bootstrap.sh). About 10 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench/results/sanitize.json}
+SAN=build/sanitize
+SITE=$SAN/site
+LOGS=$SAN/logs
+export MHC_SP_SANITIZE=${MHC_SP_SANITIZE:-address,undefined}
+export MHC_SP_CUDA=0
+started=$(date +%s)
+MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation --no-deps \
+  --upgrade --target "$SITE" . 2>&1 | grep -v "^WARNING: Location" || true
+test -d "$SITE/mhc_sp" || { echo "sanitize.sh: the sanitized build failed" >&2; exit 1; }
+built=$(date +%s)
+
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+# detect_leaks=0: the interpreter and torch keep memory until exit by design; the rest stays on.
+# alloc_dealloc_mismatch=0: libtorch's own new/delete pairs, not this code's.
+export ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:log_path=$PWD/$LOGS/asan"
+export UBSAN_OPTIONS="print_stacktrace=1:log_path=$PWD/$LOGS/ubsan"
+TESTS=(tests/test_mhc_ops.py tests/test_bad_inputs.py tests/test_shm.py tests/test_sp_ops.py
+  tests/test_faults.py)
+# torch.compile's own compiler processes would inherit the preload: the compiled-boundary test is
+# left to the normal build.
+SELECT="not compiled_boundary and not world8"
+export PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+set +e
+LD_PRELOAD="$PRELOAD" PYTHONPATH="$SITE" \
+  .venv/bin/python -c "import mhc_sp, sys; sys.exit(0 if '$SITE' in mhc_sp.__file__ else 1)"
+first=$?
+LD_PRELOAD="$PRELOAD" PYTHONPATH="$SITE" \
+  .venv/bin/python -m pytest -q -p no:cacheprovider "${TESTS[@]}" -k "$SELECT" \
+  2>&1 | tee "$SAN/pytest.log"
+status=${PIPESTATUS[0]}
+set -e
+finished=$(date +%s)
+[ "$first" -eq 0 ] || { echo "sanitize.sh: the tests did not import the sanitized build" >&2; exit 1; }
+
+.venv/bin/python - "$OUT" "$LOGS" "$SAN/pytest.log" "$status" "$((built - started))" \
+  "$((finished - built))" "${TESTS[*]}" "$SELECT" <<'EOF'
+import json, os, pathlib, re, subprocess, sys
+out, logs, log, status, build_s, test_s, tests, select = sys.argv[1:]
+reports = {"address": [], "undefined": []}
+for path in sorted(pathlib.Path(logs).glob("*")):
+    text = path.read_text(errors="replace")
+    kind = "address" if path.name.startswith("asan") else "undefined"
+    reports[kind] += [line for line in text.splitlines()
+                      if re.search(r"ERROR: AddressSanitizer|Sanitizer: CHECK failed|runtime error:",
+                                   line)]
+summary = [l for l in pathlib.Path(log).read_text().splitlines() if re.search(r"\d+ (passed|failed)", l)]
+doc = {
+    "kind": "sanitize",
+    "command": "bash scripts/sanitize.sh",
+    "sanitizers": os.environ["MHC_SP_SANITIZE"],
+    "compiler": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+    "tests": tests.split(),
+    "selection": select,
+    "preload": os.environ.get("PRELOAD", ""),
+    "pytest_exit": int(status),
+    "pytest_summary": summary[-1] if summary else None,
+    "errors": {k: len(v) for k, v in reports.items()},
+    "reports": {k: v[:20] for k, v in reports.items()},
+    "build_s": int(build_s),
+    "tests_s": int(test_s),
+    "load_average_at_end": os.getloadavg(),
+}
+pathlib.Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+print(f"sanitize: {doc['errors']} sanitizer reports; pytest: {doc['pytest_summary']} -> {out}")
+sys.exit(0 if status == "0" and not any(reports.values()) else 1)
+EOF
