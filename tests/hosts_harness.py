@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -259,9 +258,6 @@ def tp_pp_worker(rank: int, world: int, cut: bool) -> dict:
     from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
     from test_runner import TINY, engine
 
-    # init_parallel_groups makes its groups with torch's default timeout for new groups (30 min),
-    # not the world's: the harness's timeout becomes that default here.
-    dist.distributed_c10d.default_pg_timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     groups = init_parallel_groups(ParallelConfig(2, 2, 4), "cpu")
     chosen = msd.transport(groups.tp.group, "cpu")
     report = {"tp_transport": str(chosen), "why": chosen.reason, "pp_rank": groups.pp_rank}

@@ -124,6 +124,12 @@ def _check_timeout(timeout) -> float | None:
     return seconds
 
 
+def group_timeout(pg: ProcessGroup) -> timedelta:
+    """``pg``'s own timeout (what its collectives wait before failing). Groups made from it with
+    ``dist.new_group`` get torch's default (30 minutes) unless given this one."""
+    return timedelta(seconds=_timeout_seconds(pg, None))
+
+
 def _timeout_seconds(pg: ProcessGroup, timeout: float | None) -> float:
     """``timeout`` or else the process group's own timeout."""
     if timeout is not None:

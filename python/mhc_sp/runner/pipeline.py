@@ -64,10 +64,16 @@ def init_parallel_groups(
             f"{tp * pp} ranks, but the world has {world}"
         )
     pp_rank, tp_rank = divmod(rank, tp)
-    # new_group is collective over WORLD: every rank creates every group, in the same order.
-    tp_groups = [dist.new_group([p * tp + r for r in range(tp)]) for p in range(pp)]
-    pp_groups = [dist.new_group([p * tp + r for p in range(pp)]) for r in range(tp)]
-    self_groups = [dist.new_group([r]) for r in range(world)]
+    # new_group is collective over WORLD: every rank creates every group, in the same order. The
+    # groups wait as long as the world does (a lost peer fails them in the world's time).
+    timeout = msd.group_timeout(dist.group.WORLD)
+    tp_groups = [
+        dist.new_group([p * tp + r for r in range(tp)], timeout=timeout) for p in range(pp)
+    ]
+    pp_groups = [
+        dist.new_group([p * tp + r for p in range(pp)], timeout=timeout) for r in range(tp)
+    ]
+    self_groups = [dist.new_group([r], timeout=timeout) for r in range(world)]
     tp_name = msd.init(tp_groups[pp_rank], device)
     self_name = msd.init(self_groups[rank], device)
     return ParallelGroups(
