@@ -282,9 +282,14 @@ def test_world_of_one_forward_mtp_and_validation(world_of_one):
     assert not torch.equal(
         model.mtp_forward(draft.final_stream, nxt, sharded=False).logits, draft.logits
     )
-    # Causal attention: the first rows' drafts do not depend on the rows after them.
-    part = model.mtp_forward(out.final_stream[:4], nxt[:4], sharded=False)
-    assert torch.equal(part.logits, draft.logits[:4])
+    # Causal attention: the first rows' drafts do not depend on the rows after them. The later
+    # rows change and the shapes stay (torch's own CPU GEMMs need not give a row the same bits
+    # at another row count, which is not what is tested here).
+    later = out.final_stream.clone()
+    later[4:] = draft.final_stream[4:]
+    part = model.mtp_forward(later, torch.cat([nxt[:4], (nxt[4:] + 7) % 240]), sharded=False)
+    assert torch.equal(part.logits[:4], draft.logits[:4])
+    assert not torch.equal(part.logits[4:], draft.logits[4:])
     no_mtp = DeepseekV4Model(ModelConfig.tiny(num_mtp_layers=0))
     with pytest.raises(ValueError, match="mtp_forward: pipeline stage 0 of 1 has no MTP layer"):
         no_mtp.mtp_forward(out.final_stream, nxt, sharded=False)
