@@ -12,6 +12,9 @@ Switches (environment):
                            wheel that CUDA builds of torch depend on, else the CUDA toolkit's);
                            with them the recording NVTX tool (tools/nvtx_record) is built beside
                            the extension
+  MHC_SP_TESTING=0|1      build the testing module mhc_sp._testing beside mhc_sp._C (test-only
+                           bindings and the single-GPU symm harness; scripts/bootstrap.sh and
+                           bench/gpu_check.sh set 1)
   MHC_SP_SANITIZE=address,undefined
                            build the C++ (CPU kernels, transports, ops) with these sanitizers, in a
                            build folder of its own; scripts/sanitize.sh installs such a build
@@ -139,6 +142,14 @@ def _nvtx_include():
     return None
 
 
+def _testing():
+    """Whether MHC_SP_TESTING asks for the testing module."""
+    mode = os.environ.get("MHC_SP_TESTING", "0")
+    if mode not in ("0", "1"):
+        raise RuntimeError(f"MHC_SP_TESTING must be 0 or 1, got {mode!r}")
+    return mode == "1"
+
+
 def _tool(module_name, binary):
     """The cmake / ninja of the pip packages when installed (the system's may be too old)."""
     try:
@@ -165,19 +176,24 @@ class CMakeBuild(build_ext):
     # The recording NVTX tool, built beside the module when NVTX is on (CMakeLists.txt).
     NVTX_RECORDER = "libmhc_sp_nvtx_record.so"
 
+    @staticmethod
+    def _beside(module: Path) -> list[str]:
+        """Files CMake builds beside the module: the NVTX recorder and the testing module."""
+        return [CMakeBuild.NVTX_RECORDER, module.name.replace("_C", "_testing", 1)]
+
     def copy_extensions_to_source(self):
-        """Editable installs: the module, and the NVTX recorder built beside it (a stale one
-        goes)."""
+        """Editable installs: the module, and what is built beside it (a stale one goes)."""
         super().copy_extensions_to_source()
         build_py = self.get_finalized_command("build_py")
         for ext in self.extensions:
             inplace, regular = self._get_inplace_equivalent(build_py, ext)
-            built = Path(regular).with_name(self.NVTX_RECORDER)
-            target = Path(inplace).with_name(self.NVTX_RECORDER)
-            if built.is_file():
-                self.copy_file(str(built), str(target), level=self.verbose)
-            elif target.is_file():
-                target.unlink()
+            for name in self._beside(Path(regular)):
+                built = Path(regular).with_name(name)
+                target = Path(inplace).with_name(name)
+                if built.is_file():
+                    self.copy_file(str(built), str(target), level=self.verbose)
+                elif target.is_file():
+                    target.unlink()
 
     def build_extension(self, ext):
         import pybind11
@@ -212,6 +228,7 @@ class CMakeBuild(build_ext):
             "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}",
             f"-DMHC_SP_SANITIZE={sanitize}",
+            f"-DMHC_SP_TESTING={'ON' if _testing() else 'OFF'}",
         ]
         if nvcc is not None:
             cuda_home = nvcc.parent.parent
@@ -247,6 +264,8 @@ class CMakeBuild(build_ext):
         cmake = _tool("cmake", "cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         subprocess.check_call([cmake, "--build", str(build_dir)], env=env)
+        if not _testing():  # a testing module left by an earlier build of this folder
+            out_path.with_name(self._beside(out_path)[1]).unlink(missing_ok=True)
 
 
 setup(

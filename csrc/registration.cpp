@@ -16,6 +16,7 @@
 #include "mhc_sp/kernels.h"
 #include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"
+#include "mhc_sp/python_errors.h"
 
 // Every schema is written out in full, one per op, so that grepping an op's name finds its whole
 // signature. The math ops end in the scalar tail of docs/design.md §2: rms_eps, hc_pre_eps,
@@ -102,7 +103,7 @@ TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
 namespace mhc_sp::symm {
-void bind(pybind11::module_& m);  // csrc/transport/symm_bindings.cpp
+void bind(pybind11::module_& m);  // csrc/transport/symm/bindings.cpp
 }
 
 namespace {
@@ -132,18 +133,7 @@ pybind11::dict build_info() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "mhc_sp native extension: registers torch.ops.mhc_sp.* on import";
-  // Helpers below raise c10 errors; surface them as the Python exception types the ops raise.
-  pybind11::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    } catch (const c10::TypeError& e) {
-      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    }
-  });
+  mhc_sp::register_error_translator();  // helpers below raise c10 errors
   m.def("build_info", &build_info,
         "torch version built against, CPU kernel ISA, NVTX ranges on/off, CUDA on/off, CUDA arch "
         "list, NCCL version");

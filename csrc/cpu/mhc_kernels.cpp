@@ -136,19 +136,19 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
   }
 }
 
-// Row t of x over [h0, h1): p.x's own, or the rank-order fp32 sum of p.x_parts from +0 rounded once
-// to bf16 (see PostParams), made in a per-thread row that stays in cache.
+// Row t of x over [h0, h1): x's own row, or the rank-order fp32 sum of its parts from +0 rounded
+// once to bf16 (see XSource), made in a per-thread row that stays in cache.
 const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
-  if (p.x_parts_count == 0) return p.x + t * p.H;
+  if (!p.x.summed()) return p.x.rows + t * p.H;
   thread_local std::vector<BFloat16> row;
   if (static_cast<int64_t>(row.size()) < p.H) row.resize(p.H);
   const int64_t off = t * p.H;
   int64_t h = h0;
   for (; h + kV2 <= h1; h += kV2) {
     Vec a(0.f), b(0.f);  // from +0: a position where every part is -0 sums to +0
-    for (int64_t r = 0; r < p.x_parts_count; ++r) {
+    for (int64_t r = 0; r < p.x.part_count; ++r) {
       Vec c, d;
-      load16(p.x_parts[r] + off + h, c, d);
+      load16(p.x.parts[r] + off + h, c, d);
       a = a + c;
       b = b + d;
     }
@@ -156,7 +156,7 @@ const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
   }
   for (; h < h1; ++h) {
     float v = 0.f;
-    for (int64_t r = 0; r < p.x_parts_count; ++r) v += static_cast<float>(p.x_parts[r][off + h]);
+    for (int64_t r = 0; r < p.x.part_count; ++r) v += static_cast<float>(p.x.parts[r][off + h]);
     row[h] = BFloat16(v);
   }
   return row.data();

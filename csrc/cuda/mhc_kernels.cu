@@ -14,7 +14,7 @@ namespace {
 
 template <int N, int V>
 void launch_post(const PostParams& p, cudaStream_t stream) {
-  PostArgs a{p.T, p.H, bits(p.x), bits(p.residual), p.post, p.comb, bits(p.residual_out), 0};
+  PostArgs a{p.T, p.H, bits(p.x.rows), bits(p.residual), p.post, p.comb, bits(p.residual_out), 0};
   a.spans = (p.H + kPostThreads * V - 1) / (kPostThreads * V);
   const int64_t items = p.T * a.spans;
   const int64_t grid = std::min<int64_t>(items, int64_t(sm_count()) * 32);  // blocks stride
@@ -25,8 +25,9 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
 }  // namespace
 
 void mhc_post(const PostParams& p) {
+  TORCH_CHECK(!p.x.summed(), "mhc_sp: the CUDA post takes x's rows, not a sum of parts");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool vec = vector_ok(p.H, p.x, p.residual, p.residual_out);
+  const bool vec = vector_ok(p.H, p.x.rows, p.residual, p.residual_out);
   dispatch_hc_mult(p.n, [&](auto n_const) {
     constexpr int N = decltype(n_const)::value;
     if (vec) {

@@ -15,8 +15,8 @@ namespace {
 struct GroupEntry {
   int64_t rank = 0;
   int64_t world = 1;
-  std::unique_ptr<Communicator> cpu;
-  std::unique_ptr<Communicator> cuda;
+  std::shared_ptr<Communicator> cpu;
+  std::shared_ptr<Communicator> cuda;
   int64_t cuda_device = -1;
 };
 
@@ -41,7 +41,7 @@ GroupEntry& lookup(const std::string& name) {
 void register_group(const std::string& name, int64_t rank, int64_t world) {
   TORCH_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "group: invalid rank ", rank,
                     " for world size ", world);
-  std::unique_ptr<Communicator> cpu;
+  std::shared_ptr<Communicator> cpu;
   if (world > 1) {
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     try {
@@ -58,30 +58,42 @@ void register_group(const std::string& name, int64_t rank, int64_t world) {
       // No CPU backend (e.g. an NCCL-only group): CPU tensors on it are refused in group_for.
     }
   }
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto& entry = registry()[name];
-  const bool same = entry.world == world && entry.rank == rank;
-  entry.rank = rank;
-  entry.world = world;
-  if (!same || !entry.cpu) entry.cpu = std::move(cpu);
-  if (!same) entry.cuda.reset();
-}
-
-void attach_communicator(const std::string& name, c10::DeviceType device_type, int64_t device_index,
-                         std::unique_ptr<Communicator> comm) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto& entry = lookup(name);
-  if (device_type == c10::DeviceType::CUDA) {
-    entry.cuda = std::move(comm);
-    entry.cuda_device = device_index;
-  } else {
-    entry.cpu = std::move(comm);
+  // Replaced transports are released after the lock: the last reference may be an op's, and a
+  // transport's teardown (waiting for its kernels, releasing a Python handle) must not hold it.
+  std::shared_ptr<Communicator> old_cuda;  // after the swap below, `cpu` holds the old one
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto& entry = registry()[name];
+    const bool same = entry.world == world && entry.rank == rank;
+    entry.rank = rank;
+    entry.world = world;
+    if (!same || !entry.cpu) std::swap(entry.cpu, cpu);
+    if (!same) std::swap(entry.cuda, old_cuda);
   }
 }
 
+void attach_communicator(const std::string& name, c10::DeviceType device_type, int64_t device_index,
+                         std::shared_ptr<Communicator> comm) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto& entry = lookup(name);
+    if (device_type == c10::DeviceType::CUDA) {
+      std::swap(entry.cuda, comm);
+      entry.cuda_device = device_index;
+    } else {
+      std::swap(entry.cpu, comm);
+    }
+  }
+  // `comm` now holds the replaced transport (if any): released here, outside the lock.
+}
+
 void unregister_all_groups() {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  registry().clear();
+  std::map<std::string, GroupEntry> groups;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    std::swap(groups, registry());
+  }
+  // Each transport goes once the last op holding it is done (usually here, outside the lock).
 }
 
 GroupHandle registered_group(const std::string& name) {
@@ -103,19 +115,19 @@ GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg)
   auto& entry = lookup(name);
   if (entry.world == 1) return {0, 1, nullptr};
   if (t.is_cuda()) {
-    TORCH_CHECK_VALUE(entry.cuda, arg, ": group '", name, "' has no NCCL communicator for ",
+    TORCH_CHECK_VALUE(entry.cuda, arg, ": group '", name, "' has no CUDA transport for ",
                       t.device(),
                       "; call mhc_sp.distributed.init(group, device='cuda') on every rank");
     TORCH_CHECK_VALUE(entry.cuda_device == t.device().index(), arg,
                       ": expected a tensor on cuda:", entry.cuda_device, " (the device of group '",
-                      name, "'s NCCL communicator), got ", t.device());
-    return {entry.rank, entry.world, entry.cuda.get()};
+                      name, "''s ", entry.cuda->transport(), " transport), got ", t.device());
+    return {entry.rank, entry.world, entry.cuda};
   }
   TORCH_CHECK_VALUE(t.is_cpu(), arg, ": group '", name, "' cannot serve tensors on ", t.device());
   TORCH_CHECK_VALUE(entry.cpu, arg, ": group '", name,
                     "' has no CPU transport for cpu tensors; create it with backend 'gloo' or "
                     "'cpu:gloo,cuda:nccl', or call mhc_sp.distributed.init(group, device='cpu')");
-  return {entry.rank, entry.world, entry.cpu.get()};
+  return {entry.rank, entry.world, entry.cpu};
 }
 
 }  // namespace mhc_sp

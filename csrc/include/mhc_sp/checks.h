@@ -129,18 +129,4 @@ inline std::optional<Tensor> check_norm_weight(const std::optional<Tensor>& w, i
   return w->to(at::kFloat).contiguous();
 }
 
-inline MhcScalars check_scalars(double rms_eps, double hc_pre_eps, double hc_sinkhorn_eps,
-                                double hc_post_mult, int64_t sinkhorn_iters, double norm_eps) {
-  TORCH_CHECK_VALUE(rms_eps > 0, "rms_eps: expected a positive value, got ", rms_eps);
-  TORCH_CHECK_VALUE(norm_eps > 0, "norm_eps: expected a positive value, got ", norm_eps);
-  TORCH_CHECK_VALUE(hc_pre_eps >= 0, "hc_pre_eps: expected a value >= 0, got ", hc_pre_eps);
-  TORCH_CHECK_VALUE(hc_sinkhorn_eps >= 0, "hc_sinkhorn_eps: expected a value >= 0, got ",
-                    hc_sinkhorn_eps);
-  TORCH_CHECK_VALUE(sinkhorn_iters >= 1 && sinkhorn_iters <= 1000,
-                    "sinkhorn_iters: expected a value in [1, 1000], got ", sinkhorn_iters);
-  return MhcScalars{static_cast<float>(rms_eps),         static_cast<float>(hc_pre_eps),
-                    static_cast<float>(hc_sinkhorn_eps), static_cast<float>(hc_post_mult),
-                    static_cast<int>(sinkhorn_iters),    static_cast<float>(norm_eps)};
-}
-
 }  // namespace mhc_sp

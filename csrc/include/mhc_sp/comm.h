@@ -3,9 +3,10 @@
 // Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
 // `str group` argument. Each registered group has at most one transport per device type, fixed at
 // init: for CPU tensors the group's own gloo backend (csrc/transport/gloo.cpp) or a same-host
-// shared-memory workspace (csrc/transport/shm_*.cpp); for CUDA tensors an NCCL communicator
-// created by mhc_sp (csrc/cuda/nccl_comm.cpp) or a symmetric-memory workspace over the peers' GPU
-// buffers (csrc/cuda/symm_comm.cpp). A world of one needs none ("local").
+// shared-memory workspace (csrc/transport/shm/); for CUDA tensors an NCCL communicator created by
+// mhc_sp (csrc/transport/nccl/) or a symmetric-memory workspace over the peers' GPU buffers
+// (csrc/transport/symm/). A world of one needs none ("local"). The registry
+// (csrc/transport/registry.cpp) owns each transport; an op holds it for its call.
 
 #include <ATen/ATen.h>
 
@@ -16,53 +17,34 @@
 #include <tuple>
 #include <vector>
 
-#include "mhc_sp/checks.h"
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/params.h"
 
 namespace mhc_sp {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// Arguments of the fused ops, checked by csrc/sp_ops.cpp before a transport sees them.
-// norm_weight is fp32 and contiguous; `stream` is the shape of this rank's residual stream.
+// Arguments of the fused ops, checked once by their entries (csrc/ops/sp_ops.cpp) before a
+// transport sees them. `stream` and `in.shape` are the shape of this rank's residual stream.
 struct EntryArgs {
-  const Tensor& x;
-  const Tensor& fn;
-  const Tensor& hc_scale;
-  const Tensor& hc_base;
-  const OptTensor& norm_weight;
-  MhcScalars s;
+  Tensor x;
+  PreWeights pre;
   StreamShape stream;
   bool sharded;
 };
 
 struct LayerArgs {
-  const Tensor& partial;
-  const Tensor& residual;
-  const Tensor& post;
-  const Tensor& comb;
-  const Tensor& fn;
-  const Tensor& hc_scale;
-  const Tensor& hc_base;
-  const OptTensor& norm_weight;
-  MhcScalars s;
-  StreamShape stream;
+  Tensor partial;
+  PostInputs in;
+  PreWeights pre;
   bool sharded;
   int64_t num_tokens;
 };
 
 struct HeadArgs {
-  const Tensor& partial;
-  const Tensor& residual;
-  const Tensor& post;
-  const Tensor& comb;
-  const Tensor& head_fn;
-  const Tensor& head_scale;
-  const Tensor& head_base;
-  double rms_eps;
-  double hc_eps;
-  StreamShape stream;
+  Tensor partial;
+  PostInputs in;
+  HeadWeights head;
   bool sharded;
   int64_t num_tokens;
 };
@@ -100,14 +82,16 @@ class Communicator {
 };
 
 // A registered group as seen by one op call: `comm` serves the call's device (null when world ==
-// 1).
+// 1). The handle shares ownership of the transport, so a re-init or destroy() while the op runs
+// frees it only once the op is done with it.
 struct GroupHandle {
   int64_t rank;
   int64_t world;
-  Communicator* comm;
+  std::shared_ptr<Communicator> comm;
 };
 
-// The boundary composed from the group's collectives (`g.comm`) and the math ops (csrc/sp_ops.cpp):
+// The boundary composed from the group's collectives (`g.comm`) and the math ops' bodies
+// (csrc/ops/sp_ops.cpp):
 // what the fused ops run when the transport has no one-pass boundary, and what a FusedBoundary
 // runs for calls it does not take itself.
 EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g);
@@ -119,15 +103,15 @@ HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g);
 void register_group(const std::string& name, int64_t rank, int64_t world);
 // Makes `comm` the group's transport for tensors of `device_type` (CUDA: on `device_index`).
 void attach_communicator(const std::string& name, c10::DeviceType device_type, int64_t device_index,
-                         std::unique_ptr<Communicator> comm);
+                         std::shared_ptr<Communicator> comm);
 void unregister_all_groups();
 // Rank and world of a registered group (comm left null).
 GroupHandle registered_group(const std::string& name);
 // The transport serving `device_type` tensors: "local" for a world of one, "" when there is none.
 std::string group_transport(const std::string& name, c10::DeviceType device_type);
 
-// The group `name` for a collective on tensor `t` (named `arg` in errors). ValueError when the
-// group is unknown to mhc_sp or has no transport for t's device.
+// The group `name` for a collective on tensor `t` (named `arg` in errors), holding its transport
+// for the call. ValueError when the group is unknown to mhc_sp or has no transport for t's device.
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg);
 
 // dst <- the sum of `count` elements at each of parts[0], parts[1], ... (rank order) from +0, in
@@ -136,7 +120,8 @@ GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg)
 void rank_order_sum(void* dst, const std::vector<const void*>& parts, int64_t count,
                     at::ScalarType dtype);
 
-// CPU transports (csrc/transport/). Each is collective over the group: every rank calls it.
+// CPU transports (csrc/transport/gloo/, csrc/transport/shm/). Each is collective over the group:
+// every rank calls it.
 std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name);
 // A fresh unguessable POSIX shared-memory name (rank 0 makes it, the group broadcasts it).
 std::string new_shm_segment_name();
@@ -147,8 +132,9 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
                                                     std::chrono::milliseconds timeout);
 
 #if defined(MHC_SP_WITH_CUDA)
-// NCCL setup (csrc/cuda/nccl_comm.cpp): rank 0 makes the id, the group broadcasts it, every rank
-// then creates its communicator on `device` and attaches it to the registered group `name`.
+// NCCL setup (csrc/transport/nccl/communicator.cpp): rank 0 makes the id, the group broadcasts it,
+// every rank then creates its communicator on `device` and attaches it to the registered group
+// `name`.
 std::string nccl_unique_id();
 void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device);
 // The same communicator, returned instead of attached (the symm transport keeps it as its

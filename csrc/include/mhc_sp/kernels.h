@@ -19,20 +19,30 @@ namespace mhc_sp {
 
 using c10::BFloat16;
 
+// Where a post's x (T, H) comes from: x's own rows, or (CPU kernels only: the shm transport's
+// one-pass boundary) the fp32 sum of +0 + parts[0][t,:] + parts[1][t,:] + ... in that order,
+// rounded once to bf16, so that a boundary's reduction is fused into the post and the reduced x is
+// never materialised (the parts: every rank's partial rows, in rank order). The CUDA kernels take
+// rows only; the symm transport's kernels sum the peers' rows in their own x sources.
+struct XSource {
+  const BFloat16* rows = nullptr;          // (T, H), when x is given
+  const BFloat16* const* parts = nullptr;  // part_count pointers to (T, H) rows, when summed
+  int64_t part_count = 0;
+  static XSource direct(const BFloat16* rows) { return XSource{rows, nullptr, 0}; }
+  static XSource rank_order_sum(const BFloat16* const* parts, int64_t count) {
+    return XSource{nullptr, parts, count};
+  }
+  bool summed() const { return part_count > 0; }
+};
+
 // mhc_post: residual_out[t,j,:] = post[t,j] * x[t,:] + sum_i comb[t,i,j] * residual[t,i,:]
 struct PostParams {
   int64_t T, n, H;
-  const BFloat16* x;         // (T, H)
+  XSource x;
   const BFloat16* residual;  // (T, n, H)
   const float* post;         // (T, n)
   const float* comb;         // (T, n, n)
   BFloat16* residual_out;    // (T, n, H)
-  // CPU kernels only: when x_parts_count > 0, x is unused and row t of x is the fp32 sum of
-  // +0 + x_parts[0][t,:] + x_parts[1][t,:] + ... in that order, rounded once to bf16. This fuses a
-  // boundary's reduction into the post: the parts are the ranks' partial rows in shared memory,
-  // and the reduced x is never materialised.
-  const BFloat16* const* x_parts = nullptr;  // x_parts_count pointers to (T, H) rows
-  int64_t x_parts_count = 0;
 };
 
 // The projection + coefficients + collapse shared by mhc_pre, mhc_post_pre,

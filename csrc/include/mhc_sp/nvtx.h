@@ -4,21 +4,17 @@
 // such as nsys is attached) when the build found the NVTX headers (MHC_SP_WITH_NVTX, set by
 // setup.py); phases are also torch.profiler ranges (at::RecordFunction), on every build.
 //
-// MHC_SP_NVTX_RANGE("op") opens `mhc_sp::op` for a whole op, once: when an op runs another op
-// (fused_layer's composed path calls mhc_post_pre), only the outermost opens a range, so every
-// range is one op call and none is counted twice. torch.profiler records the op itself (the
-// dispatcher does). MHC_SP_NVTX_PHASE("op/phase") opens a child range `mhc_sp::op/phase` for a
-// phase of the op (e.g. fused_layer/exchange, fused_layer/gather), in NVTX and in torch.profiler.
-// The phase names are listed in mhc_sp.profiling.FUSED_PHASES (docs/profiling-nvtx.md).
+// MHC_SP_NVTX_RANGE("op") opens `mhc_sp::op` for a whole op: only the public entries open one, and
+// no op calls another's entry (the composed paths and the transports run the bodies of
+// mhc_sp/impl.h), so every range is one op call and none is counted twice. torch.profiler records
+// the op itself (the dispatcher does). MHC_SP_NVTX_PHASE("op/phase") opens a child range
+// `mhc_sp::op/phase` for a phase of the op (e.g. fused_layer/exchange, fused_layer/gather), in NVTX
+// and in torch.profiler. The phase names are listed in mhc_sp.profiling.FUSED_PHASES
+// (docs/profiling-nvtx.md).
 
 #include <ATen/record_function.h>
 
 #include <string_view>
-
-namespace mhc_sp {
-// mhc_sp op ranges open on this thread.
-inline thread_local int nvtx_op_depth = 0;
-}  // namespace mhc_sp
 
 #if defined(MHC_SP_WITH_NVTX)
 #include <nvtx3/nvToolsExt.h>
@@ -56,18 +52,10 @@ namespace mhc_sp {
 
 class NvtxOpRange {
  public:
-  explicit NvtxOpRange(const char* message) : open_(nvtx_op_depth++ == 0) {
-    if (open_) nvtx_push(message);
-  }
-  ~NvtxOpRange() {
-    --nvtx_op_depth;
-    if (open_) nvtx_pop();
-  }
+  explicit NvtxOpRange(const char* message) { nvtx_push(message); }
+  ~NvtxOpRange() { nvtx_pop(); }
   NvtxOpRange(const NvtxOpRange&) = delete;
   NvtxOpRange& operator=(const NvtxOpRange&) = delete;
-
- private:
-  bool open_;
 };
 
 // The torch.profiler range opens first and closes last, so the two nest the same way.

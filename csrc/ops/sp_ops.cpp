@@ -1,16 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Sequence-parallel collectives and the fused boundary ops (docs/design.md §2). Device-generic:
-// every argument is checked here; then a transport that runs whole boundaries in one pass (CPU shm,
-// CUDA symm) takes the fused op, and otherwise the op is composed from the group's collectives
-// (gloo for CPU tensors, NCCL on the current stream for CUDA tensors) and the math ops of
-// mhc_ops.cpp. The symm transport composes the same way the calls its kernels do not take. Nothing
-// here synchronises with the host on CUDA.
+// every argument is checked once here, at the entry; then a transport that runs whole boundaries
+// in one pass (CPU shm, CUDA symm) takes the fused op, and otherwise the op is composed from the
+// group's collectives (gloo for CPU tensors, NCCL on the current stream for CUDA tensors) and the
+// math ops' bodies (mhc_sp/impl.h). The symm transport composes the same way the calls its kernels
+// do not take. Nothing here synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
 #include "mhc_sp/boundary_protocol.h"
-#include "mhc_sp/checks.h"
 #include "mhc_sp/comm.h"
+#include "mhc_sp/impl.h"
 #include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"
 
@@ -79,10 +79,10 @@ void check_num_tokens(int64_t num_tokens, int64_t available, const char* rows_of
 // The checks fused_layer and fused_head share: the stream, the partial against it, num_tokens,
 // the group, the stream's rows (this rank's shard when sharded, all tokens otherwise) and the
 // coefficients of the previous pre.
-std::pair<StreamShape, GroupHandle> check_boundary(const Tensor& partial, const Tensor& residual,
-                                                   const Tensor& post, const Tensor& comb,
-                                                   const std::string& group, bool sharded,
-                                                   int64_t num_tokens) {
+std::pair<PostInputs, GroupHandle> check_boundary(const Tensor& partial, const Tensor& residual,
+                                                  const Tensor& post, const Tensor& comb,
+                                                  const std::string& group, bool sharded,
+                                                  int64_t num_tokens) {
   const StreamShape s = check_stream(residual, "residual");
   check_tensor(partial, "partial", at::kBFloat16, 2, "(tokens, hidden)", residual, "residual");
   check_size(partial, "partial", 1, s.H, "hidden");
@@ -95,7 +95,7 @@ std::pair<StreamShape, GroupHandle> check_boundary(const Tensor& partial, const 
       sharded ? c10::str(" / ", g.world, ")") : std::string(), "), got shape ",
       shape_str(residual));
   check_post_comb(post, comb, s, residual, "residual");
-  return {s, g};
+  return {PostInputs{residual, post, comb, s}, g};
 }
 
 // The reduced sublayer output this rank posts into its stream rows. Rows past num_tokens are
@@ -130,17 +130,13 @@ Tensor summing_collective(const Tensor& x, const std::string& group,
 
 }  // namespace
 
-// The MhcScalars go back to doubles for the math ops, which narrow them to the same floats.
 EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g) {
-  const MhcScalars& s = a.s;
   const int64_t T = a.x.size(0);
   const bool split = a.sharded && g.world > 1;
   auto [residual, post, comb, layer_input] = [&] {
     MHC_SP_NVTX_PHASE("fused_entry/pre");
-    const Tensor own = split ? shard_tokens(a.x, g.rank, g.world) : a.x;
-    return mhc_pre_broadcast(own, a.fn, a.hc_scale, a.hc_base, a.norm_weight, s.rms_eps,
-                             s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult, s.sinkhorn_iters,
-                             s.norm_eps);
+    const Tensor own = split ? shard_tokens_impl(a.x, g.rank, g.world) : a.x;
+    return mhc_pre_broadcast_impl(own, a.stream, a.pre);  // own has a.stream.T rows
   }();
   if (split) {
     zero_padding_rows({residual, post, comb}, a.sharded, T, g);
@@ -151,16 +147,13 @@ EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g) {
 }
 
 LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g) {
-  const MhcScalars& s = a.s;
   const Tensor x = [&] {
     MHC_SP_NVTX_PHASE("fused_layer/reduce");
     return reduce_partial(a.partial, a.sharded, a.num_tokens, g);
   }();
   auto [residual_out, post_out, comb_out, layer_input] = [&] {
     MHC_SP_NVTX_PHASE("fused_layer/post_pre");
-    return mhc_post_pre(x, a.residual, a.post, a.comb, a.fn, a.hc_scale, a.hc_base, a.norm_weight,
-                        s.rms_eps, s.hc_pre_eps, s.hc_sinkhorn_eps, s.hc_post_mult,
-                        s.sinkhorn_iters, s.norm_eps);
+    return mhc_post_pre_impl(x, a.in, a.pre);
   }();
   if (a.sharded && g.world > 1) {
     zero_padding_rows({residual_out, post_out, comb_out}, a.sharded, a.num_tokens, g);
@@ -177,8 +170,8 @@ HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g) {
   }();
   auto [residual_out, hidden] = [&] {
     MHC_SP_NVTX_PHASE("fused_head/post_head");
-    Tensor stream = mhc_post(x, a.residual, a.post, a.comb);
-    Tensor collapsed = hc_head(stream, a.head_fn, a.head_scale, a.head_base, a.rms_eps, a.hc_eps);
+    Tensor stream = mhc_post_impl(x, a.in);
+    Tensor collapsed = hc_head_impl(stream, a.in.shape, a.head);
     return std::make_tuple(stream, collapsed);
   }();
   if (a.sharded && g.world > 1) {
@@ -189,22 +182,26 @@ HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g) {
   return {hidden, residual_out};
 }
 
+Tensor shard_tokens_impl(const Tensor& x, int64_t rank, int64_t world_size) {
+  const int64_t rows = shard_rows(x.size(0), world_size);
+  const int64_t begin = std::min(rank * rows, x.size(0));
+  const int64_t real = std::min(rows, x.size(0) - begin);
+  auto sizes = x.sizes().vec();
+  sizes[0] = rows;
+  Tensor out = at::empty(sizes, x.options());
+  out.narrow(0, 0, real).copy_(x.narrow(0, begin, real));
+  out.narrow(0, real, rows - real).zero_();
+  return out;
+}
+
 Tensor shard_tokens(const Tensor& x, int64_t rank, int64_t world_size) {
   MHC_SP_NVTX_RANGE("shard_tokens");
   check_rows_tensor(x, "x");
   TORCH_CHECK_VALUE(world_size >= 1, "world_size: expected a value >= 1, got ", world_size);
   TORCH_CHECK_VALUE(rank >= 0 && rank < world_size, "rank: expected a value in [0, ", world_size,
                     "), got ", rank);
-  const int64_t rows = shard_rows(x.size(0), world_size);
-  const int64_t begin = std::min(rank * rows, x.size(0));
-  const int64_t real = std::min(rows, x.size(0) - begin);
-  auto sizes = x.sizes().vec();
-  sizes[0] = rows;
   const c10::DeviceGuard guard(x.device());
-  Tensor out = at::empty(sizes, x.options());
-  out.narrow(0, 0, real).copy_(x.narrow(0, begin, real));
-  out.narrow(0, real, rows - real).zero_();
-  return out;
+  return shard_tokens_impl(x, rank, world_size);
 }
 
 Tensor all_gather(const Tensor& x, const std::string& group, int64_t num_tokens) {
@@ -237,21 +234,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
   MHC_SP_NVTX_RANGE("fused_entry");
   check_tensor(x, "x", at::kBFloat16, 2, "(tokens, hidden)", x, "x");
   const GroupHandle g = group_for(group, x, "x");
-  // mhc_pre_broadcast's own checks, made before any rank exchanges anything.
-  const int64_t T = x.size(0), H = x.size(1);
-  TORCH_CHECK_VALUE(H >= 1, "x: hidden size (dim 1) must be positive, got shape ", shape_str(x));
-  check_tensor(fn, "fn", at::kFloat, 2, "(n*(n+2), n * hidden)", x, "x");
-  const int64_t n = fn.size(1) / H;
-  TORCH_CHECK_VALUE(fn.size(1) % H == 0 && n >= 1 && n <= kMaxHcMult,
-                    "fn: expected shape (n*(n+2), n*", H, ") for hc_mult n in [1, ", kMaxHcMult,
-                    "] and hidden ", H, " (from x), got ", shape_str(fn));
-  const StreamShape rows{sharded ? shard_rows(T, g.world) : T, n, H};
-  check_mhc_projection(fn, hc_scale, hc_base, rows, x, "x");
-  const auto w = check_norm_weight(norm_weight, H, x, "x");
-  const MhcScalars sc =
-      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  // The broadcast pre's own checks, made before any rank exchanges anything.
+  const int64_t T = x.size(0);
+  const StreamShape rows = check_broadcast_shape(x, fn, sharded ? shard_rows(T, g.world) : T);
+  const PreWeights w =
+      check_pre_weights(fn, hc_scale, hc_base, norm_weight, rows, x, "x", rms_eps, hc_pre_eps,
+                        hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(x.device());
-  const EntryArgs args{x, fn, hc_scale, hc_base, w, sc, rows, sharded};
+  const EntryArgs args{x, w, rows, sharded};
   if (g.comm && g.comm->fused()) return g.comm->fused()->fused_entry(args);
   return composed_fused_entry(args, g);
 }
@@ -262,14 +252,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
     const std::string& group, bool sharded, int64_t num_tokens, double rms_eps, double hc_pre_eps,
     double hc_sinkhorn_eps, double hc_post_mult, int64_t sinkhorn_iters, double norm_eps) {
   MHC_SP_NVTX_RANGE("fused_layer");
-  const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
-  check_mhc_projection(fn, hc_scale, hc_base, s, residual, "residual");
-  const auto w = check_norm_weight(norm_weight, s.H, residual, "residual");
-  const MhcScalars sc =
-      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const auto [in, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
+  const PreWeights w =
+      check_pre_weights(fn, hc_scale, hc_base, norm_weight, in.shape, residual, "residual", rms_eps,
+                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
   const c10::DeviceGuard guard(residual.device());
-  const LayerArgs args{partial, residual, post, comb, fn,      hc_scale,
-                       hc_base, w,        sc,   s,    sharded, num_tokens};
+  const LayerArgs args{partial, in, w, sharded, num_tokens};
   if (g.comm && g.comm->fused()) return g.comm->fused()->fused_layer(args);
   return composed_fused_layer(args, g);
 }
@@ -280,16 +268,14 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
                                       const std::string& group, bool sharded, int64_t num_tokens,
                                       double rms_eps, double hc_eps) {
   MHC_SP_NVTX_RANGE("fused_head");
-  // Checked here so that errors name fused_head's own arguments (hc_head would say "fn").
+  // Checked first, so that errors name fused_head's own arguments (head_fn, not fn).
   check_projection(head_fn, "head_fn", head_scale, "head_scale", head_base, "head_base",
                    check_stream(residual, "residual"), residual.size(1),
                    "hc_mult rows for the head", 1, residual, "residual");
-  const auto [s, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
-  TORCH_CHECK_VALUE(hc_eps >= 0, "hc_eps: expected a value >= 0, got ", hc_eps);
-  check_scalars(rms_eps, hc_eps, 0.0, 1.0, 1, 1e-6);
+  const auto [in, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
+  const HeadWeights head{head_fn, head_scale, head_base, check_head_scalars(rms_eps, hc_eps)};
   const c10::DeviceGuard guard(residual.device());
-  const HeadArgs args{partial,   residual, post,   comb, head_fn, head_scale,
-                      head_base, rms_eps,  hc_eps, s,    sharded, num_tokens};
+  const HeadArgs args{partial, in, head, sharded, num_tokens};
   if (g.comm && g.comm->fused()) return g.comm->fused()->fused_head(args);
   return composed_fused_head(args, g);
 }

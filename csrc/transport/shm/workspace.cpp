@@ -3,7 +3,7 @@
 // describes. Everything here is host code; the rows themselves are read and written by
 // csrc/transport/shm_comm.cpp and the CPU kernels.
 
-#include "shm_workspace.h"
+#include "transport/shm/workspace.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

@@ -2,8 +2,8 @@
 #pragma once
 // The symmetric-memory boundary (CUDA `symm` transport): where things sit in each rank's peer
 // buffer, which call uses which mailbox or half, and the records a failed wait leaves behind.
-// Plain structs and constexpr arithmetic, so host code (csrc/transport/symm_host.cpp, tested on
-// CPU) and the kernels (mhc_sp/cuda/symm.cuh) compute the same layout.
+// Plain structs and constexpr arithmetic, so host code (transport/symm/host.cpp, tested on CPU) and
+// the kernels (transport/symm/device/) compute the same layout.
 //
 // It follows the boundary protocol (mhc_sp/boundary_protocol.h) with "segment" meaning the set of
 // the group's peer buffers, one per rank, all the same size (torch symmetric memory). Device code
@@ -45,14 +45,15 @@ using boundary::Op;
 using boundary::shard_rows;
 using boundary::shard_valid_rows;
 
-constexpr int64_t kMaxWorld = 16;          // ranks of one symm group (one NVLink domain)
+constexpr int64_t kMaxRanks = 16;          // ranks of one symm group (one NVLink domain)
 constexpr int64_t kMaxBlocks = 1024;       // barrier slots per rank: grids never exceed it
 constexpr int64_t kMailboxes = 3;          // Lamport mailboxes (triple buffering)
 constexpr int64_t kLamportMaxTokens = 16;  // decode boundaries up to here use the mailbox
-constexpr int kMaxSimRanks = 8;            // ranks one launch can simulate (the harness)
 constexpr uint16_t kNegZeroBits = 0x8000;  // bf16 -0.0: "not arrived yet"
 
 constexpr int64_t kLamportTagBytes = 16;  // the call's tag at the end of every mailbox slot
+
+static_assert(kMaxRanks <= boundary::kMaxWorld, "a symm group is a boundary-protocol group");
 
 // Default sizes: a mailbox slot holds 16 tokens of H = 8192 bf16 and the tag; a half holds a
 // sharded boundary of 8192 tokens at H = 7168 for any world >= 2 (a call that needs more uses
@@ -222,6 +223,16 @@ struct ErrorRecord {
   uint64_t waited_ns;  // how long it waited
 };
 
+// One rank's view of its group: what every symm kernel is given (SymmWorkspace::view() makes it).
+struct RankView {
+  uint8_t* const* peers;  // device array [world]: every rank's buffer as mapped in this process
+  int rank, world;
+  LocalState* state;    // device memory
+  ErrorRecord* error;   // device address of a host-mapped record
+  uint64_t timeout_ns;  // the group's timeout
+  BufferLayout L;
+};
+
 }  // namespace mhc_sp::symm
 
 #if !defined(__CUDACC_RTC__)
@@ -230,7 +241,10 @@ struct ErrorRecord {
 
 namespace mhc_sp::symm {
 
-// Host side (csrc/transport/symm_host.cpp): pure functions, unit-tested on CPU.
+// Host side (transport/symm/host.cpp): pure functions, unit-tested on CPU.
+
+// buffer_layout for a group of `world` ranks, with the arguments checked (ValueError naming them).
+BufferLayout checked_buffer_layout(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes);
 
 // The peer pointer table a group's kernels use: `ptrs[p]` is rank p's buffer as mapped in this
 // process. Checks size, nulls, 16-byte alignment, duplicates and that ptrs[rank] is `local`.
@@ -245,6 +259,11 @@ enum class Path { kLamport, kExchange, kFallback };
 // at most kLamportMaxTokens rows), the barrier exchange when it fits a half, else the fallback
 // (NCCL).
 Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fused_layer);
+
+// The path of a plain collective `op` over `rows` rows of `row_bytes` bytes (`bf16`: the data is
+// bf16, which the reductions require): all_reduce through the mailbox when it fits, else the
+// barrier exchange when it fits a half, else the fallback.
+Path collective_path(const BufferLayout& L, Op op, int64_t rows, int64_t row_bytes, bool bf16);
 
 // The path of a barrier-exchanged call: kExchange when exchange_layout(h).need fits a half.
 Path exchange_path(const BufferLayout& L, const CallHeader& h);

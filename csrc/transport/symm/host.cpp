@@ -8,14 +8,14 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "mhc_sp/symm.h"
+#include "transport/symm/layout.h"
 
 namespace mhc_sp::symm {
 
 std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_t rank,
                                         int64_t world, int64_t local) {
-  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxWorld, "world: the symm transport takes 1 to ",
-                    kMaxWorld, " ranks, got ", world);
+  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxRanks, "world: the symm transport takes 1 to ",
+                    kMaxRanks, " ranks, got ", world);
   TORCH_CHECK_VALUE(rank >= 0 && rank < world, "rank: expected a value in [0, ", world, "), got ",
                     rank);
   TORCH_CHECK_VALUE(static_cast<int64_t>(ptrs.size()) == world, "peer_ptrs: expected ", world,
@@ -34,6 +34,16 @@ std::vector<int64_t> checked_peer_table(const std::vector<int64_t>& ptrs, int64_
   return ptrs;
 }
 
+BufferLayout checked_buffer_layout(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
+  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxRanks, "world: the symm transport takes 1 to ",
+                    kMaxRanks, " ranks, got ", world);
+  TORCH_CHECK_VALUE(mailbox_slot_bytes >= 16, "mailbox_slot_bytes: expected at least 16, got ",
+                    mailbox_slot_bytes);
+  TORCH_CHECK_VALUE(half_bytes >= kPage, "half_bytes: expected at least ", kPage, ", got ",
+                    half_bytes);
+  return buffer_layout(world, mailbox_slot_bytes, half_bytes);
+}
+
 Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fused_layer) {
   const int64_t bytes = rows * inner * 2;
   const bool lamport_rows = !fused_layer || rows <= kLamportMaxTokens;
@@ -46,6 +56,21 @@ Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fus
   h.inner = inner * 2;
   h.elem_bytes = 1;
   return inner % 8 == 0 ? exchange_path(L, h) : Path::kFallback;
+}
+
+Path collective_path(const BufferLayout& L, Op op, int64_t rows, int64_t row_bytes, bool bf16) {
+  if (rows < 1 || row_bytes < 1) return Path::kFallback;
+  if (op != Op::kAllGather && !bf16) return Path::kFallback;  // the kernels sum bf16 only
+  if (op == Op::kAllReduce && reduction_path(L, 1, rows * row_bytes / 2, false) == Path::kLamport) {
+    return Path::kLamport;
+  }
+  CallHeader h{};
+  h.op = static_cast<uint32_t>(op);
+  h.rows = rows;
+  h.num_tokens = -1;
+  h.inner = row_bytes;
+  h.elem_bytes = 1;
+  return exchange_path(L, h);
 }
 
 Path exchange_path(const BufferLayout& L, const CallHeader& h) {

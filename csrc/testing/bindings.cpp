@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// mhc_sp._C bindings of the symm transport: its host-side arithmetic (every build, tested on CPU),
-// the transport's setup (mhc_sp.distributed.init through python/mhc_sp/_symm.py) and the
-// single-GPU harness (bench/symm_harness.py) in CUDA builds.
+// mhc_sp._testing: what only the tests and the GPU harness use, kept out of the production module
+// (built when MHC_SP_TESTING=1). In every build: the symm transport's host arithmetic (layout,
+// paths, tags, the call order across streams, error texts) and the CUDA projection's summation
+// order on the host, all checked on CPU. In CUDA builds: the simulated ranks of the single-GPU
+// harness (testing/symm_sim.h), which run the production kernels' bodies.
 
+#include <Python.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -10,44 +13,25 @@
 #include <algorithm>
 #include <cstring>
 
-#include "mhc_sp/checks.h"
 #include "mhc_sp/cuda/leaf_tree.h"
-#include "mhc_sp/symm.h"
+#include "mhc_sp/params.h"
+#include "mhc_sp/python_errors.h"
+#include "transport/symm/layout.h"
 
 #if defined(MHC_SP_WITH_CUDA)
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
-#include "mhc_sp/cuda/symm_comm.h"
+#include "testing/symm_sim.h"
+#include "transport/symm/launch.h"
 #endif
 
 namespace py = pybind11;
 
-namespace mhc_sp::symm {
+namespace mhc_sp::testing {
 namespace {
 
-py::dict layout_dict(const BufferLayout& L) {
-  py::dict d;
-  d["world"] = L.world;
-  d["flags_offset"] = L.flags_offset;
-  d["mailbox_offset"] = L.mailbox_offset;
-  d["mailbox_slot_bytes"] = L.mailbox_slot_bytes;
-  d["halves_offset"] = L.halves_offset;
-  d["half_bytes"] = L.half_bytes;
-  d["total_bytes"] = L.total_bytes;
-  return d;
-}
-
-BufferLayout checked_layout(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
-  TORCH_CHECK_VALUE(world >= 1 && world <= kMaxWorld, "world: the symm transport takes 1 to ",
-                    kMaxWorld, " ranks, got ", world);
-  TORCH_CHECK_VALUE(mailbox_slot_bytes >= 16, "mailbox_slot_bytes: expected at least 16, got ",
-                    mailbox_slot_bytes);
-  TORCH_CHECK_VALUE(half_bytes >= kPage, "half_bytes: expected at least ", kPage, ", got ",
-                    half_bytes);
-  return buffer_layout(world, mailbox_slot_bytes, half_bytes);
-}
+using namespace ::mhc_sp::symm;  // the host arithmetic under test
 
 Op checked_op(const std::string& op) {
   if (op == "all_gather") return Op::kAllGather;
@@ -126,9 +110,8 @@ const char* path_name(Path p) {
 
 #if defined(MHC_SP_WITH_CUDA)
 
-std::optional<Tensor> norm_weight_fp32(const std::optional<Tensor>& w, int64_t H,
-                                       const Tensor& ref) {
-  return check_norm_weight(w, H, ref, "residuals[0]");
+cudaStream_t current_stream(const Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
 py::object error_dict(const ErrorRecord& e) {
@@ -185,11 +168,11 @@ std::vector<LayerOutputs> sim_fused_layer(
   const int64_t rows = sharded ? shard_rows(num_tokens, world) : num_tokens;
   TORCH_CHECK_VALUE(num_tokens >= 1, "num_tokens: expected a value >= 1, got ", num_tokens);
   TORCH_CHECK_VALUE(absent >= -1 && absent < world, "absent: expected -1 or a rank, got ", absent);
-  check_mhc_projection(fn, hc_scale, hc_base, s, ref, "residuals[0]");
-  const auto w = norm_weight_fp32(norm_weight, s.H, ref);
-  const MhcScalars sc =
-      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  std::vector<LayerTensors> inputs;
+  const PreWeights w =
+      check_pre_weights(fn, hc_scale, hc_base, norm_weight, s, ref, "residuals[0]", rms_eps,
+                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  std::vector<LayerArgs> calls;
+  std::vector<LayerOutputs> outs;
   for (int64_t r = 0; r < world; ++r) {
     TORCH_CHECK_VALUE(residuals[r].sizes() == ref.sizes() && residuals[r].size(0) == rows,
                       "residuals: expected every rank's stream of shape (", rows, ", 4, ", s.H,
@@ -200,9 +183,11 @@ std::vector<LayerOutputs> sim_fused_layer(
     TORCH_CHECK_VALUE(partials[r].size(0) >= num_tokens && partials[r].size(1) == s.H,
                       "partials: expected (>= num_tokens, hidden) per rank, rank ", r, " has ",
                       shape_str(partials[r]));
-    check_post_comb(posts[r], combs[r], StreamShape{rows, s.n, s.H}, ref, "residuals[0]");
-    inputs.push_back(
-        LayerTensors{partials[r], residuals[r], posts[r], combs[r], fn, hc_scale, hc_base, w});
+    const StreamShape shape{rows, s.n, s.H};
+    check_post_comb(posts[r], combs[r], shape, ref, "residuals[0]");
+    calls.push_back(symm::aligned_layer_args(LayerArgs{
+        partials[r], PostInputs{residuals[r], posts[r], combs[r], shape}, w, sharded, num_tokens}));
+    outs.push_back(symm::layer_outputs(calls.back()));
   }
   const BufferLayout& L = g.rank(0).layout();
   if (sharded) {
@@ -216,7 +201,8 @@ std::vector<LayerOutputs> sim_fused_layer(
                       L.mailbox_slot_bytes, " bytes)");
   }
   const c10::cuda::CUDAGuard guard(ref.device());
-  return run_fused_layer(g.ranks(), inputs, sc, sharded, num_tokens, !production, absent);
+  g.fused_layer(calls, outs, absent, production, current_stream(ref));
+  return outs;
 }
 
 std::vector<Tensor> sim_collective(const SymmSimGroup& g, const std::string& op_name,
@@ -242,44 +228,29 @@ std::vector<Tensor> sim_collective(const SymmSimGroup& g, const std::string& op_
     if (op == Op::kAllGather) sizes[0] = num_tokens < 0 ? rows * world : num_tokens;
     outs.push_back(at::empty(sizes, x.options()));
   }
-  const c10::cuda::CUDAGuard guard(xs[0].device());
-  TORCH_CHECK_VALUE(run_collective(g.ranks(), op, outs, xs, op == Op::kAllGather ? num_tokens : -1,
-                                   !production, absent),
+  const int64_t row_bytes = xs[0].numel() / rows * xs[0].element_size();
+  const Path path = collective_path(g.rank(0).layout(), op, rows, row_bytes,
+                                    xs[0].scalar_type() == at::kBFloat16);
+  TORCH_CHECK_VALUE(path != Path::kFallback,
                     "xs: this call does not fit the harness's workspace or dtype (",
                     shape_str(xs[0]), ", ", xs[0].scalar_type(), ")");
+  std::vector<Tensor> ins;
+  for (const Tensor& x : xs) ins.push_back(symm::aligned(x));
+  const c10::cuda::CUDAGuard guard(xs[0].device());
+  g.collective(op, outs, ins, op == Op::kAllGather ? num_tokens : -1, path == Path::kLamport,
+               absent, production, current_stream(xs[0]));
   return outs;
 }
-
 #endif  // MHC_SP_WITH_CUDA
 
-}  // namespace
-
 void bind(py::module_& m) {
-  m.def("symm_constants", [] {
-    py::dict d;
-    d["max_world"] = kMaxWorld;
-    d["max_blocks"] = kMaxBlocks;
-    d["mailboxes"] = kMailboxes;
-    d["lamport_max_tokens"] = kLamportMaxTokens;
-    d["max_sim_ranks"] = kMaxSimRanks;
-    d["default_mailbox_slot_bytes"] = kDefaultMailboxSlotBytes;
-    d["default_half_bytes"] = kDefaultHalfBytes;
-    d["local_state_bytes"] = static_cast<int64_t>(sizeof(LocalState));
-    return d;
-  });
-  m.def(
-      "symm_buffer_layout",
-      [](int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
-        return layout_dict(checked_layout(world, mailbox_slot_bytes, half_bytes));
-      },
-      py::arg("world"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"));
   m.def(
       "symm_flag_offset",
       [](int64_t world, int64_t block, int64_t src) {
         TORCH_CHECK_VALUE(block >= 0 && block < kMaxBlocks, "block: expected [0, ", kMaxBlocks,
                           ")");
         TORCH_CHECK_VALUE(src >= 0 && src < world, "src: expected [0, ", world, ")");
-        return flag_offset(checked_layout(world, 16, kPage), block, src);
+        return flag_offset(checked_buffer_layout(world, 16, kPage), block, src);
       },
       py::arg("world"), py::arg("block"), py::arg("src"));
   m.def("symm_mailbox_index", [](uint64_t call) { return mailbox_index(call); }, py::arg("call"));
@@ -288,7 +259,7 @@ void bind(py::module_& m) {
       "symm_exchange_layout",
       [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,
          int64_t elem_bytes, int64_t world) {
-        checked_layout(world, 16, kPage);
+        checked_buffer_layout(world, 16, kPage);
         const ExchangeLayout X =
             exchange_layout(header_of(op, sharded, rows, num_tokens, inner, elem_bytes), world);
         py::dict d;
@@ -307,7 +278,7 @@ void bind(py::module_& m) {
       "symm_path",
       [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,
          int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes) {
-        const BufferLayout L = checked_layout(world, mailbox_slot_bytes, half_bytes);
+        const BufferLayout L = checked_buffer_layout(world, mailbox_slot_bytes, half_bytes);
         const Op o = checked_op(op);
         if (o == Op::kAllReduce || (o == Op::kFusedLayer && !sharded)) {
           return path_name(reduction_path(L, rows, inner, o == Op::kFusedLayer));
@@ -357,53 +328,7 @@ void bind(py::module_& m) {
       py::arg("epoch"), py::arg("waited_s"), py::arg("group"), py::arg("timeout_s"));
 
 #if defined(MHC_SP_WITH_CUDA)
-  m.def(
-      "cuda_peer_link",
-      [](int64_t device, int64_t peer) {
-        const int64_t devices = c10::cuda::device_count();
-        TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected [0, ", devices,
-                          "), got ", device);
-        TORCH_CHECK_VALUE(peer >= 0 && peer < devices, "peer: expected [0, ", devices, "), got ",
-                          peer);
-        py::dict d;
-        if (device == peer) {  // a device reaches its own memory, atomics included
-          d["access"] = true;
-          d["native_atomics"] = true;
-          return d;
-        }
-        int access = 0, atomics = 0;
-        C10_CUDA_CHECK(cudaDeviceGetP2PAttribute(&access, cudaDevP2PAttrAccessSupported,
-                                                 static_cast<int>(device), static_cast<int>(peer)));
-        C10_CUDA_CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported,
-                                                 static_cast<int>(device), static_cast<int>(peer)));
-        d["access"] = access != 0;
-        d["native_atomics"] = atomics != 0;
-        return d;
-      },
-      py::arg("device"), py::arg("peer"));
-  m.def(
-      "init_symm_transport",
-      [](const std::string& name, std::optional<py::bytes> unique_id, int64_t device, Tensor buffer,
-         const std::vector<int64_t>& peer_ptrs, int64_t mailbox_slot_bytes, int64_t half_bytes,
-         double timeout_s) {
-        const GroupHandle g = registered_group(name);
-        const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-        auto ws = std::make_unique<SymmWorkspace>(buffer, peer_ptrs, g.rank, g.world,
-                                                  mailbox_slot_bytes, half_bytes, timeout_s);
-        std::unique_ptr<Communicator> fallback;  // none: ranks share a GPU, which NCCL refuses
-        if (unique_id) {
-          const std::string id = *unique_id;
-          py::gil_scoped_release no_gil;  // blocks until every rank joins
-          fallback = make_nccl_communicator(name, id, device);
-        }
-        attach_communicator(
-            name, c10::DeviceType::CUDA, device,
-            std::make_unique<SymmCommunicator>(name, std::move(ws), std::move(fallback)));
-      },
-      py::arg("name"), py::arg("unique_id"), py::arg("device"), py::arg("buffer"),
-      py::arg("peer_ptrs"), py::arg("mailbox_slot_bytes"), py::arg("half_bytes"),
-      py::arg("timeout_s"));
-
+  m.attr("max_sim_ranks") = kMaxSimRanks;
   py::class_<SymmSimGroup>(m, "SymmSimGroup",
                            "Simulated ranks of one symm group on this GPU (the harness)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double>(), py::arg("world"),
@@ -435,4 +360,11 @@ void bind(py::module_& m) {
 #endif
 }
 
-}  // namespace mhc_sp::symm
+}  // namespace
+}  // namespace mhc_sp::testing
+
+PYBIND11_MODULE(_testing, m) {
+  m.doc() = "mhc_sp test-only machinery: symm host arithmetic, the single-GPU symm harness";
+  mhc_sp::register_error_translator();
+  mhc_sp::testing::bind(m);
+}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shm transport: the collectives and the one-pass fused boundaries over a group's
-// shared-memory workspace (shm_workspace.h; protocol in mhc_sp/boundary_protocol.h).
+// shared-memory workspace (transport/shm/workspace.h; protocol in mhc_sp/boundary_protocol.h).
 //
 // fused_layer, sharded, on rank r of W (S = ceil(num_tokens / W) rows per shard):
 //   1. copy the partial's num_tokens rows, but for this rank's own tokens, into this rank's
@@ -20,10 +20,9 @@
 #include <vector>
 
 #include "mhc_sp/comm.h"
-#include "mhc_sp/kernels.h"
+#include "mhc_sp/impl.h"
 #include "mhc_sp/nvtx.h"
-#include "mhc_sp/ops.h"
-#include "shm_workspace.h"
+#include "transport/shm/workspace.h"
 
 namespace mhc_sp {
 namespace {
@@ -53,23 +52,6 @@ void zero_rows_from(Tensor& t, int64_t from) {
 }
 
 const BFloat16* bf16(const uint8_t* p) { return reinterpret_cast<const BFloat16*>(p); }
-
-PreParams pre_params(int64_t T, const StreamShape& s, const Tensor& fn, const Tensor& scale,
-                     const Tensor& base, const OptTensor& norm_weight, const MhcScalars& sc,
-                     float* post, float* comb, BFloat16* out) {
-  return PreParams{.T = T,
-                   .n = s.n,
-                   .H = s.H,
-                   .rows = base.size(0),
-                   .fn = fn.const_data_ptr<float>(),
-                   .scale = scale.const_data_ptr<float>(),
-                   .base = base.const_data_ptr<float>(),
-                   .norm_weight = norm_weight ? norm_weight->const_data_ptr<float>() : nullptr,
-                   .s = sc,
-                   .post = post,
-                   .comb = comb,
-                   .out = out};
-}
 
 class ShmCommunicator final : public Communicator, public FusedBoundary {
  public:
@@ -117,13 +99,11 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   }
 
   EntryOutputs fused_entry(const EntryArgs& a) override {
+    const StreamShape& s = a.stream;
     if (!a.sharded) {
       MHC_SP_NVTX_PHASE("fused_entry/pre");
-      return mhc_pre_broadcast(a.x, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s.rms_eps,
-                               a.s.hc_pre_eps, a.s.hc_sinkhorn_eps, a.s.hc_post_mult,
-                               a.s.sinkhorn_iters, a.s.norm_eps);
+      return mhc_pre_broadcast_impl(a.x, s, a.pre);
     }
-    const StreamShape& s = a.stream;
     const int64_t tokens = a.x.size(0), rows = s.T;
     const int64_t valid = bp::shard_valid_rows(tokens, ws_.world(), ws_.rank());
     Call call = ws_.start(bp::Op::kFusedEntry, bp::kSharded, 0, tokens, s.H, at::kBFloat16);
@@ -134,13 +114,10 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     {
       MHC_SP_NVTX_PHASE("fused_entry/pre");
       if (valid > 0) {
-        // The n streams are identical, so X @ fn^T == x @ (sum over streams of fn)^T.
-        const Tensor fn_summed = a.fn.view({s.mix_rows(), s.n, s.H}).sum(1);
         cpu_kernels().mhc_pre_broadcast(
             a.x.const_data_ptr<BFloat16>() + ws_.rank() * rows * s.H, residual.data_ptr<BFloat16>(),
-            pre_params(valid, s, fn_summed, a.hc_scale, a.hc_base, a.norm_weight, a.s,
-                       post.data_ptr<float>(), comb.data_ptr<float>(),
-                       own_rows(layer_input, rows)));
+            pre_kernel_params(broadcast_weights(a.pre, s), valid, s, post.data_ptr<float>(),
+                              comb.data_ptr<float>(), own_rows(layer_input, rows)));
       }
       zero_rows_from(residual, valid);
       zero_rows_from(post, valid);
@@ -157,7 +134,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   }
 
   LayerOutputs fused_layer(const LayerArgs& a) override {
-    const StreamShape& s = a.stream;
+    const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
     const int64_t valid =
         a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
@@ -168,20 +145,20 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
       call.publish();
     }
-    const auto f32 = a.residual.options().dtype(at::kFloat);
-    Tensor residual_out = at::empty_like(a.residual);
+    const auto f32 = a.in.residual.options().dtype(at::kFloat);
+    Tensor residual_out = at::empty_like(a.in.residual);
     Tensor post = at::empty({rows, s.n}, f32);
     Tensor comb = at::empty({rows, s.n, s.n}, f32);
-    Tensor layer_input = at::empty({tokens, s.H}, a.residual.options());
+    Tensor layer_input = at::empty({tokens, s.H}, a.in.residual.options());
     {
       MHC_SP_NVTX_PHASE("fused_layer/post_pre");
       if (valid > 0) {
         const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
         BFloat16* out = own_rows(layer_input, a.sharded ? rows : 0);
         cpu_kernels().mhc_post_pre(
-            post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts),
-            pre_params(valid, s, a.fn, a.hc_scale, a.hc_base, a.norm_weight, a.s,
-                       post.data_ptr<float>(), comb.data_ptr<float>(), out));
+            post_kernel_params(a.in, valid, summed(parts), residual_out.data_ptr<BFloat16>()),
+            pre_kernel_params(a.pre, valid, s, post.data_ptr<float>(), comb.data_ptr<float>(),
+                              out));
       }
       zero_rows_from(residual_out, valid);
       zero_rows_from(post, valid);
@@ -198,11 +175,10 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   }
 
   HeadOutputs fused_head(const HeadArgs& a) override {
-    const StreamShape& s = a.stream;
+    const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
     const int64_t valid =
         a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
-    const MhcScalars head_scalars = check_scalars(a.rms_eps, a.hc_eps, 0.0, 1.0, 1, 1e-6);
     Call call = ws_.start(bp::Op::kFusedHead, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
                           at::kBFloat16);
     {
@@ -210,18 +186,17 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       publish_partial(call, a.partial, tokens, a.sharded ? rows : 0, valid);
       call.publish();
     }
-    Tensor residual_out = at::empty_like(a.residual);
-    Tensor hidden = at::empty({tokens, s.H}, a.residual.options());
+    Tensor residual_out = at::empty_like(a.in.residual);
+    Tensor hidden = at::empty({tokens, s.H}, a.in.residual.options());
     {
       MHC_SP_NVTX_PHASE("fused_head/post_head");
       if (valid > 0) {
         const auto parts = shard_parts(call, a.partial, a.sharded ? rows : 0, s.H);
         cpu_kernels().mhc_post(
-            post_params(valid, s, a.residual, a.post, a.comb, residual_out, parts));
+            post_kernel_params(a.in, valid, summed(parts), residual_out.data_ptr<BFloat16>()));
         BFloat16* out = own_rows(hidden, a.sharded ? rows : 0);
         cpu_kernels().hc_head(residual_out.const_data_ptr<BFloat16>(),
-                              pre_params(valid, s, a.head_fn, a.head_scale, a.head_base,
-                                         std::nullopt, head_scalars, nullptr, nullptr, out));
+                              head_kernel_params(a.head, valid, s, out));
       }
       zero_rows_from(residual_out, valid);
     }
@@ -264,19 +239,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     return parts;
   }
 
-  static PostParams post_params(int64_t T, const StreamShape& s, const Tensor& residual,
-                                const Tensor& post, const Tensor& comb, Tensor& residual_out,
-                                const std::vector<const BFloat16*>& parts) {
-    return PostParams{.T = T,
-                      .n = s.n,
-                      .H = s.H,
-                      .x = nullptr,
-                      .residual = residual.const_data_ptr<BFloat16>(),
-                      .post = post.const_data_ptr<float>(),
-                      .comb = comb.const_data_ptr<float>(),
-                      .residual_out = residual_out.data_ptr<BFloat16>(),
-                      .x_parts = parts.data(),
-                      .x_parts_count = static_cast<int64_t>(parts.size())};
+  // x of the post: the rank-order sum of every rank's partial rows of this rank's tokens.
+  static XSource summed(const std::vector<const BFloat16*>& parts) {
+    return XSource::rank_order_sum(parts.data(), static_cast<int64_t>(parts.size()));
   }
 
   // This rank's rows of a (tokens, H) output, from row rank * shard_rows (replicated: 0).

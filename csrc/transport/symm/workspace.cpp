@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+// One rank's symm workspace (transport/symm/workspace.h). The buffer comes from torch symmetric
+// memory at mhc_sp.distributed.init (python/mhc_sp/_symm.py), or, in the testing module, from
+// plain device memory of one GPU shared by simulated ranks.
+
+#include "transport/symm/workspace.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace mhc_sp::symm {
+namespace {
+
+cudaStream_t current_stream(const Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+}  // namespace
+
+SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptrs, int64_t rank,
+                             int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes,
+                             double timeout_s, std::shared_ptr<const void> mapping)
+    : mapping_(std::move(mapping)),
+      buffer_(std::move(buffer)),
+      rank_(rank),
+      world_(world),
+      layout_(buffer_layout(world, mailbox_slot_bytes, half_bytes)),
+      timeout_s_(timeout_s) {
+  TORCH_CHECK_VALUE(
+      buffer_.is_cuda() && buffer_.scalar_type() == at::kByte && buffer_.is_contiguous(),
+      "buffer: expected a contiguous uint8 CUDA tensor");
+  TORCH_CHECK_VALUE(buffer_.numel() >= layout_.total_bytes, "buffer: expected at least ",
+                    layout_.total_bytes, " bytes for world ", world, ", got ", buffer_.numel());
+  TORCH_CHECK_VALUE(timeout_s > 0, "timeout: expected a positive number of seconds, got ",
+                    timeout_s);
+  const std::vector<int64_t> table =
+      checked_peer_table(peer_ptrs, rank, world, reinterpret_cast<int64_t>(buffer_.data_ptr()));
+  const c10::cuda::CUDAGuard guard(buffer_.device());
+  const auto opts = buffer_.options();
+  peers_ = at::tensor(table, at::kLong).to(buffer_.device());
+  state_ = at::zeros({static_cast<int64_t>(sizeof(LocalState))}, opts);
+  void* record = nullptr;
+  C10_CUDA_CHECK(cudaHostAlloc(&record, sizeof(ErrorRecord), cudaHostAllocMapped));
+  std::memset(record, 0, sizeof(ErrorRecord));
+  error_host_ = static_cast<ErrorRecord*>(record);
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev_), record, 0));
+  // This rank's own buffer: zero flags (epoch 0), every mailbox armed (-0), then the header.
+  buffer_.narrow(0, 0, layout_.total_bytes).zero_();
+  buffer_.narrow(0, layout_.mailbox_offset, kMailboxes * world * layout_.mailbox_slot_bytes)
+      .view(at::kShort)
+      .fill_(static_cast<int16_t>(kNegZeroBits));
+  boundary::SegmentHeader header{};
+  header.magic = boundary::kMagic;
+  header.version = boundary::kVersion;
+  header.world = static_cast<uint32_t>(world);
+  header.half_bytes = static_cast<uint64_t>(layout_.half_bytes);
+  header.total_bytes = static_cast<uint64_t>(layout_.total_bytes);
+  Tensor host = at::empty({static_cast<int64_t>(sizeof(header))}, at::kByte);
+  std::memcpy(host.data_ptr(), &header, sizeof(header));
+  buffer_.narrow(0, 0, sizeof(header)).copy_(host);
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&eager_done_, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&capture_done_, cudaEventDisableTiming));
+  // Peers may push as soon as they return from init: everything above must be in memory first
+  // (the caller then runs a host barrier over the group).
+  C10_CUDA_CHECK(cudaStreamSynchronize(current_stream(buffer_)));
+}
+
+SymmWorkspace::~SymmWorkspace() {
+  // The last eager call may still run and use the peers' mappings and this rank's state: wait for
+  // it before anything is released (an event never recorded is complete; errors are ignored, this
+  // is teardown). A captured graph must not be replayed after its group's workspace is gone.
+  if (eager_done_ != nullptr) {
+    (void)cudaEventSynchronize(eager_done_);
+    cudaEventDestroy(eager_done_);
+  }
+  if (capture_done_ != nullptr) cudaEventDestroy(capture_done_);
+  if (error_host_ != nullptr) cudaFreeHost(const_cast<ErrorRecord*>(error_host_));
+}
+
+void SymmWorkspace::order_call(cudaStream_t stream) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
+  const uint64_t capture = status == cudaStreamCaptureStatusNone ? 0 : uint64_t(id) + 1;
+  const StreamChain::Step step = chain_.next(reinterpret_cast<uint64_t>(stream), capture);
+  pending_ = step.captured ? capture_done_ : eager_done_;
+  if (step.wait) C10_CUDA_CHECK(cudaStreamWaitEvent(stream, pending_, 0));
+}
+
+void SymmWorkspace::call_enqueued(cudaStream_t stream) const {
+  C10_CUDA_CHECK(cudaEventRecord(pending_, stream));
+}
+
+RankView SymmWorkspace::view() const {
+  return RankView{reinterpret_cast<uint8_t* const*>(peers_.data_ptr()),
+                  static_cast<int>(rank_),
+                  static_cast<int>(world_),
+                  reinterpret_cast<LocalState*>(state_.data_ptr()),
+                  error_dev_,
+                  static_cast<uint64_t>(timeout_s_ * 1e9),
+                  layout_};
+}
+
+ErrorRecord SymmWorkspace::error() const {
+  ErrorRecord e{};
+  e.code = error_host_->code;
+  if (e.code == kNoError) return e;
+  std::atomic_thread_fence(std::memory_order_acquire);  // the device wrote the fields first
+  e.rank = error_host_->rank;
+  e.peer = error_host_->peer;
+  e.block = error_host_->block;
+  e.op = error_host_->op;
+  e.phase = error_host_->phase;
+  e.epoch = error_host_->epoch;
+  e.waited_ns = error_host_->waited_ns;
+  return e;
+}
+
+void SymmWorkspace::check(const std::string& group) const {
+  const ErrorRecord e = error();
+  TORCH_CHECK(e.code == kNoError, "mhc_sp: ", describe_error(e, group, timeout_s_));
+}
+
+}  // namespace mhc_sp::symm
