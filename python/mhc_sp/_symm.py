@@ -12,8 +12,9 @@ handle's ``buffer_ptrs`` are the peers' segment bases as mapped here, not their 
 buffer sits at ``buffer_ptrs[p]`` plus p's offset inside its segment, which every rank measures on
 its own buffer and the group exchanges (:func:`peer_table`).
 
-"auto" picks symm when every rank of the group runs on this host and every pair of the group's
-GPUs can access each other's memory with native atomics (NVLink; PCIe peers lack the system-scope
+"auto" picks symm when every rank of the group runs on this host (:func:`mhc_sp.distributed.hosts`,
+the one test of a shared host) and every pair of the group's GPUs can access each other's memory
+with native atomics (NVLink; PCIe peers lack the system-scope
 atomics the kernels use to break a workspace), NCCL otherwise. Ranks that share a GPU count as
 reachable only when torch's own switch for it, ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1``, is
 set (tests run two ranks on one GPU so); such a group keeps no NCCL communicator, which NCCL
@@ -24,7 +25,6 @@ refuses for ranks on one GPU. All ranks decide together, so a group never mixes 
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -34,24 +34,15 @@ from torch.distributed import ProcessGroup
 
 from . import _C
 
-#: Buffers and rendezvous handles per group name: the peers' mappings live as long as these do.
-_BUFFERS: dict[str, tuple] = {}
-#: Why each group's CUDA transport was chosen, by group name.
+#: Why each group's CUDA transport was chosen, by group name. (The buffer and the rendezvous handle
+#: that keeps the peers' buffers mapped belong to the group's C++ workspace, which releases them
+#: when the group's transport goes: mhc_sp.distributed.destroy or a new init.)
 _REASONS: dict[str, str] = {}
 
 _CONSTANTS = _C.symm_constants()
 DEFAULT_MAILBOX_SLOT_BYTES: int = _CONSTANTS["default_mailbox_slot_bytes"]
 DEFAULT_HALF_BYTES: int = _CONSTANTS["default_half_bytes"]
 SHARED_GPU_SWITCH = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
-
-
-def _host_key() -> tuple:
-    """Ranks with equal keys run on one machine (one kernel boot)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return (socket.gethostname(), f.read().strip())
-    except OSError:  # not Linux: never assume a shared host
-        return (socket.gethostname(), os.getpid())
 
 
 def shared_gpus_allowed() -> bool:
@@ -161,6 +152,14 @@ def _gathered(pg: ProcessGroup, value, world: int) -> list:
     return out
 
 
+def check_sizes(half_bytes, mailbox_slot_bytes) -> tuple[int, int]:
+    """(half_bytes, mailbox_slot_bytes) with the defaults for None; TypeError/ValueError naming a
+    bad one."""
+    half = _check_bytes(half_bytes, "half_bytes", DEFAULT_HALF_BYTES, 4096)
+    slot = _check_bytes(mailbox_slot_bytes, "mailbox_slot_bytes", DEFAULT_MAILBOX_SLOT_BYTES, 16)
+    return half, slot
+
+
 def init(
     pg: ProcessGroup,
     name: str,
@@ -169,15 +168,16 @@ def init(
     index: int,
     transport: str,
     timeout_s: float,
+    host: Sequence[int],
     half_bytes: int | None = None,
     mailbox_slot_bytes: int | None = None,
 ) -> str:
-    """Set up the group's CUDA transport on device ``index``; collective. Returns the transport
-    chosen ('symm' or 'nccl'); :func:`reason` says why."""
+    """Set up the group's CUDA transport on device ``index``; collective. ``host[r]`` numbers rank
+    r's host (:func:`mhc_sp.distributed.hosts`). Returns the transport chosen ('symm' or 'nccl');
+    :func:`reason` says why."""
     if not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"):
         raise ValueError("device: CUDA transports need a CUDA build of mhc_sp and a visible GPU")
-    half = _check_bytes(half_bytes, "half_bytes", DEFAULT_HALF_BYTES, 4096)
-    slot = _check_bytes(mailbox_slot_bytes, "mailbox_slot_bytes", DEFAULT_MAILBOX_SLOT_BYTES, 16)
+    half, slot = check_sizes(half_bytes, mailbox_slot_bytes)
     if world > _CONSTANTS["max_world"] and transport == "symm":
         raise ValueError(
             f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
@@ -188,9 +188,8 @@ def init(
     if transport != "nccl" and world > _CONSTANTS["max_world"]:
         why = f"symm takes at most {_CONSTANTS['max_world']} ranks"
     elif transport != "nccl":
-        info = _gathered(pg, (_host_key(), index), world)
-        hosts, devices = [i[0] for i in info], [i[1] for i in info]
-        mine = peer_problems(rank, hosts, devices, cuda_link_problem, shared_gpus_allowed())
+        devices = _gathered(pg, index, world)
+        mine = peer_problems(rank, host, devices, cuda_link_problem, shared_gpus_allowed())
         chosen, why = choose(transport, _gathered(pg, mine, world), name)
     _REASONS[name] = why
     # NCCL refuses ranks on one GPU: such a symm group keeps no NCCL communicator.
@@ -225,8 +224,8 @@ def init(
         r, err = failed[0]
         raise ValueError(f"{err} (rank {r} of group {name!r})")
     ptrs = peer_table(bases, [o for o, _ in offsets])
-    _C.init_symm_transport(name, uid[0], index, buffer, ptrs, slot, half, float(timeout_s))
-    _BUFFERS[name] = (buffer, handle)
+    # The workspace keeps the buffer and the handle (the peers' mappings) for as long as it lives.
+    _C.init_symm_transport(name, uid[0], index, buffer, ptrs, slot, half, float(timeout_s), handle)
     dist.barrier(group=pg)  # every buffer is initialised before any rank's first push into it
     return chosen
 
@@ -236,11 +235,10 @@ def reason(name: str) -> str | None:
     return _REASONS.get(name)
 
 
-def release(name: str | None = None) -> None:
-    """Drop this process's references to the group's buffer (all groups when None)."""
+def forget(name: str | None = None) -> None:
+    """Forget why the group's CUDA transport was chosen (every group's when None); the transport
+    itself belongs to the C++ registry."""
     if name is None:
-        _BUFFERS.clear()
         _REASONS.clear()
     else:
-        _BUFFERS.pop(name, None)
         _REASONS.pop(name, None)

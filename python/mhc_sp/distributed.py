@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -122,6 +123,44 @@ def _check_timeout(timeout) -> float | None:
     if not 0 < seconds < float("inf"):
         raise ValueError(f"timeout: expected a positive, finite duration, got {timeout!r}")
     return seconds
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """How :func:`init` sets up a group's transport; every field None takes the default.
+
+    ``timeout``: seconds (or a timedelta) an shm op or a symm kernel waits for a peer before it
+    fails (default: the process group's own timeout). ``half_bytes`` and ``mailbox_slot_bytes``:
+    the symm transport's buffer sizes, per rank (``device="cuda"`` only): each of the two halves a
+    sharded boundary or a collective exchanges through (default 192 MiB: a sharded boundary of
+    8192 tokens at H = 7168), and each rank's slot of a Lamport mailbox (default: 16 tokens at
+    H = 8192). A call that does not fit goes to the group's NCCL communicator.
+    """
+
+    timeout: float | timedelta | None = None
+    half_bytes: int | None = None
+    mailbox_slot_bytes: int | None = None
+
+    def __post_init__(self):
+        _check_timeout(self.timeout)
+        _symm.check_sizes(self.half_bytes, self.mailbox_slot_bytes)
+
+    def sizes_set(self) -> bool:
+        return self.half_bytes is not None or self.mailbox_slot_bytes is not None
+
+
+def _check_config(config, timeout) -> TransportConfig:
+    """init's ``config`` (or one made of ``timeout``), checked, its timeout in seconds."""
+    if config is None:
+        return TransportConfig(timeout=timeout)
+    if not isinstance(config, TransportConfig):
+        raise TypeError(
+            f"config: expected a mhc_sp.distributed.TransportConfig or None, got "
+            f"{type(config).__name__}"
+        )
+    if timeout is not None:
+        raise ValueError("timeout: given both as timeout= and in config; give it once")
+    return replace(config, timeout=_check_timeout(config.timeout))
 
 
 def group_timeout(pg: ProcessGroup) -> timedelta:
@@ -262,7 +301,8 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
 
 
 def _init_cuda(
-    pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str, timeout
+    pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str,
+    config: TransportConfig,
 ) -> None:
     if not hasattr(_C, "init_nccl_communicator"):
         raise ValueError(
@@ -270,7 +310,13 @@ def _init_cuda(
         )
     dev = torch.device(device) if device is not None else torch.device("cuda")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    _symm.init(pg, name, rank, world, index, transport, _timeout_seconds(pg, timeout))
+    # symm needs every rank on one host: the same test as the CPU transports' (nccl needs none).
+    host = [0] * world if transport == "nccl" else hosts(pg)[0]
+    seconds = _timeout_seconds(pg, config.timeout)
+    _symm.init(
+        pg, name, rank, world, index, transport, seconds, host,
+        config.half_bytes, config.mailbox_slot_bytes,
+    )
 
 
 def init(
@@ -278,20 +324,27 @@ def init(
     device: torch.device | str | None = None,
     transport: str = "auto",
     timeout: float | timedelta | None = None,
+    config: TransportConfig | None = None,
 ) -> str:
     """Register ``group`` (None = WORLD) with mhc_sp on this rank; collective over the group.
 
     ``device``: where the ops will run, ``"cpu"`` or ``"cuda"`` (default: cuda when available).
     ``transport``: for cpu ``"auto"`` (shm when every rank is on this host, else gloo), ``"shm"``
     or ``"gloo"``; for cuda ``"auto"`` (symm when every rank can map every other rank's GPU
-    memory, else nccl), ``"symm"`` or ``"nccl"``. ``timeout``: seconds (or a timedelta) an shm
-    op or a symm kernel waits for a peer; default: the process group's timeout. Calling ``init``
-    again (on every rank) replaces the group's transport for that device. Returns the group's
-    name, for the ops' ``group`` argument.
+    memory, else nccl), ``"symm"`` or ``"nccl"``. ``config``: a :class:`TransportConfig` (the
+    timeout a peer is waited for, the symm buffer sizes); ``timeout=`` alone is the same as
+    ``config=TransportConfig(timeout=...)``. Calling ``init`` again (on every rank) replaces the
+    group's transport for that device. Returns the group's name, for the ops' ``group`` argument.
     """
     device_type = _device_type(device)
     transport = _check_transport(transport, device_type)
     timeout = _check_timeout(timeout)
+    config = _check_config(config, timeout)
+    if device_type == "cpu" and config.sizes_set():
+        raise ValueError(
+            "config: half_bytes and mailbox_slot_bytes size the symm transport's buffers "
+            "(device='cuda'); the cpu transports size themselves"
+        )
     if not dist.is_initialized():
         if group not in (None, WORLD):
             raise ValueError(f"group: {group!r} given but torch.distributed is not initialised")
@@ -309,9 +362,9 @@ def init(
     _C.register_group(name, rank, world)
     if world > 1:
         if device_type == "cuda":
-            _init_cuda(pg, name, rank, world, device, transport, timeout)
+            _init_cuda(pg, name, rank, world, device, transport, config)
         else:
-            _init_cpu(pg, name, rank, world, transport, timeout)
+            _init_cpu(pg, name, rank, world, transport, config.timeout)
     return name
 
 
@@ -341,7 +394,7 @@ def destroy() -> None:
     """Free every communicator and workspace and forget every group registered with :func:`init`."""
     _C.unregister_all_groups()
     _REASONS.clear()
-    _symm.release()
+    _symm.forget()
 
 
 def resolve(group: str) -> ProcessGroup:
