@@ -34,9 +34,9 @@ GATED = {
     "symm_lamport_layer_kernel (n=4)": r"_ZN6mhc_sp4cuda25symm_lamport_layer_kernelILi4E",
     "symm_sharded_layer_kernel (n=4)": r"_ZN6mhc_sp4cuda25symm_sharded_layer_kernelILi4E",
     "symm_sharded_finish_kernel (n=4)": r"_ZN6mhc_sp4cuda26symm_sharded_finish_kernelILi4E",
-    "symm_lamport_sum_kernel": r"_ZN6mhc_sp4cuda23symm_lamport_sum_kernelI",
+    "symm_lamport_sum_kernel": r"_ZN6mhc_sp4cuda23symm_lamport_sum_kernel[IE]",
     "symm_reduce_kernel": r"_ZN6mhc_sp4cuda18symm_reduce_kernelI",
-    "symm_gather_kernel": r"_ZN6mhc_sp4cuda18symm_gather_kernelI",
+    "symm_gather_kernel": r"_ZN6mhc_sp4cuda18symm_gather_kernel[IE]",
 }
 
 # Kernels allowed a stack frame, each with the reason. Empty: none needs one.
