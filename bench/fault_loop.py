@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "transport"))
 
 import fault_harness as F  # noqa: E402
 from mhc_sp.launch import run_world  # noqa: E402

@@ -7,12 +7,13 @@
 #
 # Steps, most valuable first, each under its own time limit (the whole script under 8 minutes):
 #   1. build          the extension from source in place (sm_90a), build_info, NCCL version, and
-#                     the cubin gate (tests/test_cubins.py: no local memory in the hot kernels);
+#                     the cubin gate (tests/cuda/test_cubins.py: no local memory in the hot
+#                     kernels);
 #   2. cuda_tests     the CUDA op tests against the reference and the golden data, and NCCL;
 #   3. symm_sim       the symm kernels with simulated ranks and through the production launch
-#                     (tests/test_cuda_symm.py: eager, CUDA graphs, two streams, timeouts);
+#                     (tests/cuda/test_cuda_symm.py: eager, CUDA graphs, two streams, timeouts);
 #      symm_world     two processes on this one GPU through torch symmetric memory
-#                     (tests/test_cuda_symm_world.py: the transport a multi-GPU user runs);
+#                     (tests/cuda/test_cuda_symm_world.py: the transport a multi-GPU user runs);
 #   4. memcheck       compute-sanitizer memcheck on small cases of every op and the symm kernels;
 #   5. symm_timings   the decode (tp = 8 simulated; T = 1, 4, 16) and sharded (T = 8192)
 #                     boundaries, each beside its roofline (bench/symm_harness.py);
@@ -164,17 +165,18 @@ print("nccl (torch):", ".".join(map(str, torch.cuda.nccl.version())))
 assert info["cuda"], "extension built without CUDA"
 '
 step cubin_gate "$T_GATE" "$PY" -m pytest -q -ra --junitxml="$WORK/cubin_gate.xml" \
-  tests/test_cubins.py
+  tests/cuda/test_cubins.py
 
 # 2. the CUDA op tests
-tests=(tests/test_cuda_ops.py tests/test_cuda_invariance.py tests/test_nccl.py)
+tests=(tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_invariance.py tests/cuda/test_nccl.py)
 step cuda_tests "$T_TESTS" "$PY" -m pytest -q -ra --junitxml="$WORK/cuda_tests.xml" "${tests[@]}"
 
 # 3. the symm transport's correctness: simulated ranks and the production launch, then two
 # processes on this GPU
-step symm_sim "$T_SIM" "$PY" -m pytest -q -ra --junitxml="$WORK/symm_sim.xml" tests/test_cuda_symm.py
+step symm_sim "$T_SIM" "$PY" -m pytest -q -ra --junitxml="$WORK/symm_sim.xml" \
+  tests/cuda/test_cuda_symm.py
 step symm_world "$T_WORLD" "$PY" -m pytest -q -ra --junitxml="$WORK/symm_world.xml" \
-  tests/test_cuda_symm_world.py
+  tests/cuda/test_cuda_symm_world.py
 
 # 4. memcheck: small shapes through every op and both pre paths (fused <= 16 tokens, two kernels
 # above; vector and scalar hidden sizes), and the symm kernels (decode and sharded, production

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Ranks on two hosts that are really separate (namespaces of their own joined by a veth pair,
-tests/hosts_harness.py; needs root): what transport="auto" picks and why, whether the results are
-bitwise those of one host, the tp=2 x pp=2 model check, and how long each rank takes to raise once
-the link between the hosts goes down. Writes JSON.
+tests/transport/hosts_harness.py; needs root): what transport="auto" picks and why, whether the
+results are bitwise those of one host, the tp=2 x pp=2 model check, and how long each rank takes
+to raise once the link between the hosts goes down. Writes JSON.
 
     sudo .venv/bin/python bench/hosts_check.py --json bench/results/hosts.json
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "transport"))
 
 import hosts_harness as H  # noqa: E402
 from mhc_sp.launch import run_world  # noqa: E402

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Times of the symm transport's boundary kernels on one GPU, each beside its roofline. The
 correctness checks of the same kernels are pytest files run by bench/gpu_check.sh
-(tests/test_cuda_symm.py: simulated ranks and the production launch; tests/test_cuda_symm_world.py:
-two processes on one GPU).
+(tests/cuda/test_cuda_symm.py: simulated ranks and the production launch;
+tests/cuda/test_cuda_symm_world.py: two processes on one GPU).
 
 Rows (CUDA-graph replays of one call, median and p10/p90 of CUDA events, H = 7168 by default):
   decode     replicated fused_layer (Lamport mailbox, one kernel), T = 1, 4, 16;

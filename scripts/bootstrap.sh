@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel >/dev/null
-# The linters are pinned: tests/test_lint.py checks the tree with exactly these versions.
+# The linters are pinned: tests/repo/test_lint.py checks the tree with exactly these versions.
 .venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja "cmake>=3.24" pytest \
   hypothesis safetensors matplotlib ruff==0.17.6 clang-format==23.1.5
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

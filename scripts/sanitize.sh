@@ -27,8 +27,8 @@ rm -rf "$LOGS" && mkdir -p "$LOGS"
 # alloc_dealloc_mismatch=0: libtorch's own new/delete pairs, not this code's.
 export ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:log_path=$PWD/$LOGS/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:log_path=$PWD/$LOGS/ubsan"
-TESTS=(tests/test_mhc_ops.py tests/test_bad_inputs.py tests/test_shm.py tests/test_sp_ops.py
-  tests/test_faults.py)
+TESTS=(tests/ops/test_mhc_ops.py tests/ops/test_bad_inputs.py tests/transport/test_shm.py
+  tests/transport/test_sp_ops.py tests/transport/test_faults.py)
 # torch.compile's own compiler processes would inherit the preload: the compiled-boundary test is
 # left to the normal build.
 SELECT="not compiled_boundary and not world8"

@@ -1,13 +1,58 @@
 # SPDX-License-Identifier: Apache-2.0
+"""What every test folder shares: the test folders on sys.path, the markers that follow from a
+test's folder, the hypothesis profiles and the golden-data fixtures.
+
+The tests are grouped by subject, one folder each (SUBJECTS); tests/data holds the golden data.
+Test modules and helpers import each other by bare name (``from dist_harness import run_world``,
+``from test_sp_ops import worker_fused_ops``), also across folders, so every subject folder goes
+on sys.path here, before any test module is imported. Ranks started with multiprocessing (spawn
+or forkserver) get the parent's sys.path and so find the same modules; a helper run as a script
+puts the folders it needs on sys.path itself (transport/hosts_harness.py). Module basenames are
+unique across the folders (tests/repo/test_repo.py checks it)."""
+
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 import mhc_sp  # noqa: F401  (registers the ops)
 
-DATA = Path(__file__).resolve().parent / "data"
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+
+#: The subject folders, each holding the tests (and their helpers) of one subject:
+#: ops (the math ops and their kernels on CPU), transport (collectives, the fused SP ops, shm,
+#: gloo and symm host logic, faults, separate hosts, worlds of 8), model (model, runner, plan,
+#: configuration), cli (mhc-sp-bench, tune, NVTX profiling), repo (README, docs, lint, repository
+#: promises) and cuda (everything that needs a GPU or reads the CUDA build).
+SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda")
+
+#: Folders whose every test gets the marker: cuda needs a GPU or reads the CUDA build.
+FOLDER_MARKERS = {"cuda": "cuda"}
+
+for _subject in reversed(SUBJECTS):
+    if str(TESTS / _subject) not in sys.path:
+        sys.path.insert(0, str(TESTS / _subject))
+
+
+def subject_of(path) -> str | None:
+    """The subject folder a test file lives in (None: not in one)."""
+    try:
+        parts = Path(path).resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 and parts[0] in SUBJECTS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = FOLDER_MARKERS.get(subject_of(item.path))
+        if marker is not None:
+            item.add_marker(marker)
+
 
 try:  # the CUDA tests need no hypothesis, and a GPU machine may not have it
     from hypothesis import HealthCheck, settings

@@ -11,8 +11,8 @@
   :func:`nvtx_ranges` and :func:`summarize_ranges` read what it recorded.
 
 docs/profiling-nvtx.md describes the ranges; :data:`FUSED_PHASES` and :data:`MODEL_PHASE_OPS`
-are the tables it shows (tests/test_nvtx.py keeps the two in step and checks them against real
-recordings).
+are the tables it shows (tests/cli/test_nvtx.py keeps the two in step and checks them against
+real recordings).
 """
 
 from __future__ import annotations

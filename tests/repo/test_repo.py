@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Promises the repository makes outside the code: it names nothing outside itself, the torchrun
-example works, the CUDA build's targets, and the GPU check script's shape and time budget."""
+example works, the CUDA build's targets, the GPU check script's shape and time budget, and the
+tests' own layout (one folder per subject, the cuda marker on every test in tests/cuda)."""
 
 import os
 import re
@@ -12,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+#: The tests' subject folders (tests/conftest.py puts each on sys.path and marks tests/cuda).
+SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda")
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(
     shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
     reason="torchrun not installed beside this python",
@@ -44,6 +49,7 @@ def test_torchrun_example_runs():
     assert out.stdout.count(": OK") == 2
 
 
+@pytest.mark.cuda  # reads the CUDA build
 def test_cuda_build_targets_hopper_and_blackwell():
     import mhc_sp
 
@@ -94,12 +100,9 @@ def test_gpu_check_script_orders_its_steps_by_value():
 
 def test_gpu_check_script_runs_every_cuda_test_file():
     text = gpu_check_text()
-    cuda_files = sorted(
-        p.name
-        for p in (ROOT / "tests").glob("test_*.py")
-        if re.match(r"test_(cuda_\w+|nccl|cubins)\.py$", p.name)
-    )
-    missing = [name for name in cuda_files if f"tests/{name}" not in text]
+    cuda_files = sorted(p.relative_to(ROOT).as_posix() for p in TESTS.glob("cuda/test_*.py"))
+    assert cuda_files
+    missing = [name for name in cuda_files if name not in text]
     assert not missing, missing
 
 
@@ -170,3 +173,43 @@ def test_no_tracked_file_names_a_path_outside_the_repository_or_an_issue():
         for m in re.finditer(pattern, text)
     ]
     assert not found, "\n".join(found)
+
+
+def test_every_test_file_lives_in_a_subject_folder():
+    """tests/ holds conftest.py, data/ and one folder per subject; every module is in one, its
+    basename unique (tests import each other by bare name) and its folder on sys.path."""
+    modules = sorted(p.relative_to(TESTS) for p in TESTS.rglob("*.py"))
+    stray = [
+        p.as_posix()
+        for p in modules
+        if p.parts[0] != "data" and p != Path("conftest.py")
+        if len(p.parts) != 2 or p.parts[0] not in SUBJECTS
+    ]
+    assert not stray, f"test modules outside the subject folders {SUBJECTS}: {stray}"
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert folders == {*SUBJECTS, "data"}, folders
+    assert all(any(TESTS.glob(f"{s}/test_*.py")) for s in SUBJECTS)
+    names = [p.name for p in modules if p.parts[0] in SUBJECTS]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert all(str(TESTS / s) in sys.path for s in SUBJECTS), "tests/conftest.py: sys.path"
+
+
+def test_every_test_in_tests_cuda_carries_the_cuda_marker(request):
+    """From the tests this session collected when it collected tests/cuda (the default run), else
+    from a collection of tests/cuda alone."""
+    cuda = TESTS / "cuda"
+    items = [i for i in request.session.items if cuda in Path(i.path).resolve().parents]
+    if items:
+        unmarked = [i.nodeid for i in items if i.get_closest_marker("cuda") is None]
+        assert not unmarked, unmarked
+        return
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-m", "not cuda"]
+        + [str(cuda)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 5, out.stdout + out.stderr  # 5: no test selected
+    assert "::" not in out.stdout, out.stdout

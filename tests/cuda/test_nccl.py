@@ -13,7 +13,10 @@ from mhc_sp import ops
 from mhc_sp.testing import pre_weights, random_inputs
 from test_sp_ops import boundary_cases, worker_fused_ops
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
+    pytest.mark.distributed,
+]
 
 
 def ranks_fit(world):

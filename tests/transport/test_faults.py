@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Faults injected into worlds of 4 and 8 ranks looping fused_layer over shm with a 5 s timeout
-(tests/fault_harness.py): every survivor raises in time naming the faulty rank, ranks that
-disagree on a call all raise ValueError, a stopped rank raises once it runs again and writes
+(tests/transport/fault_harness.py): every survivor raises in time naming the faulty rank, ranks
+that disagree on a call all raise ValueError, a stopped rank raises once it runs again and writes
 nothing into the segment its peers abandoned, init works again (in the same world, or in a fresh
 one after a kill), and no segment is left in /dev/shm. The default suite runs one world of each
 size; the rest is marked slow (scripts/slow_tests.sh). bench/fault_loop.py records the detection
@@ -13,6 +13,8 @@ import pytest
 
 import fault_harness as F
 from dist_harness import run_world
+
+pytestmark = pytest.mark.distributed
 
 #: A world never takes longer than this (a fault that hangs it fails the test instead).
 WORLD_TIMEOUT_S = 180

@@ -14,7 +14,7 @@ import pytest
 
 from mhc_sp.bench import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted(ROOT.glob("docs/*.md"))}
 PAGES = {"README.md": README, **DOCS}

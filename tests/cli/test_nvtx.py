@@ -24,8 +24,8 @@ from mhc_sp import profiling
 from mhc_sp.profiling import FUSED_PHASES, MODEL_PHASE_OPS, NvtxRanges
 from nvtx_workload import PEER_TIMEOUT_S
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 TRANSPORTS = {"shm": "shm", "gloo": "composed"}  # transport -> FUSED_PHASES path
 
 
@@ -83,7 +83,7 @@ def is_op_range(name: str) -> bool:
 
 @dataclass
 class Workload:
-    """tests/nvtx_workload.py, recorded: one Tree per process, the nvtx-record summary and the
+    """tests/cli/nvtx_workload.py, recorded: one Tree per process, the nvtx-record summary and the
     torch.profiler trace of the CLI runs."""
 
     trees: list[Tree]
@@ -103,7 +103,7 @@ def workload(tmp_path_factory) -> Workload:
     env = dict(os.environ, **{profiling.NVTX_RECORD_VAR: str(folder / "nvtx.%p.jsonl")})
     env.pop(profiling.NVTX_INJECTION_VAR, None)
     run = subprocess.run(
-        [sys.executable, str(TESTS / "nvtx_workload.py"), str(folder)],
+        [sys.executable, str(HERE / "nvtx_workload.py"), str(folder)],
         cwd=folder,
         env=env,
         capture_output=True,
@@ -128,6 +128,7 @@ def the_case(w: Workload, case: str) -> list[tuple[Tree, int]]:
 # ---- sound recordings --------------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_every_push_is_popped_on_every_path(workload):
     for tree in workload.trees:
         assert tree.recorded.unclosed == [], tree.recorded.unclosed[:5]
@@ -151,6 +152,7 @@ def test_every_push_is_popped_on_every_path(workload):
 # ---- op ranges ---------------------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_every_op_call_opens_one_range_and_ops_run_by_ops_none(workload):
     registered = registered_ops()
     for name in ("mhc_pre", "mhc_post", "mhc_post_pre", "mhc_pre_broadcast", "hc_head"):
@@ -176,6 +178,7 @@ def test_every_op_call_opens_one_range_and_ops_run_by_ops_none(workload):
     assert ops_seen >= {"fused_entry", "fused_layer", "fused_head", "mhc_pre", "all_gather"}
 
 
+@pytest.mark.distributed
 def test_fused_phases_nest_in_the_documented_order(workload):
     for transport, path in TRANSPORTS.items():
         for op, phases in FUSED_PHASES.items():
@@ -201,6 +204,7 @@ def test_fused_phases_nest_in_the_documented_order(workload):
 # ---- Python phases -----------------------------------------------------------------------------
 
 
+@pytest.mark.distributed
 def test_model_phases_nest_around_the_ops_as_documented(workload):
     phases_seen, ops_in = set(), {}
     for tree, case in the_case(workload, "model"):
@@ -283,6 +287,7 @@ def test_sources_open_the_documented_ranges_only():
 # ---- the CLI: torch.profiler on CPU and nvtx-record --------------------------------------------
 
 
+@pytest.mark.distributed
 def test_layer_torch_profile_shows_the_fused_phases(workload):
     events = [e for e in workload.trace_events if e.get("ph") == "X"]
     ops = [e for e in events if e["name"] == "mhc_sp::fused_layer"]
@@ -308,6 +313,7 @@ def test_layer_torch_profile_shows_the_fused_phases(workload):
                 assert "mhc_sp/layer T=8" in outer, f"{r.name} outside the benchmark phase"
 
 
+@pytest.mark.distributed
 def test_nvtx_record_summary_from_the_cli(workload):
     doc = workload.summary
     assert doc["kind"] == "nvtx-record"

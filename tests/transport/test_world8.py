@@ -15,6 +15,8 @@ import pytest
 from dist_harness import run_world
 from test_sp_ops import worker_fused_ops
 
+pytestmark = pytest.mark.distributed
+
 WORLD = 8
 #: Token counts around the world size: none, one, fewer than the ranks, exactly as many, one
 #: more (the last shard has one real row), and a count that leaves the last ranks empty.

@@ -376,6 +376,7 @@ def world():
     return run_world(WORLD, world_worker, timeout=300)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("tp,pp", ENGINES)
 def test_engine_on_six_ranks(world, tp, pp):
     ranks = [r for r in range(tp * pp)]
@@ -403,6 +404,7 @@ def test_engine_on_six_ranks(world, tp, pp):
     assert any(x["plan"][1] and not x["drafts"][1][2] for x in last[0]) or pp == 2
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("tp", [2, 3])
 def test_two_stages_are_bitwise_one_stage(world, tp):
     # The stage boundary (reduce, post | pre, gather) computes what the pp=1 boundary computes,

@@ -342,6 +342,7 @@ def worker_fused_ops(rank, world, device_type="cpu", transport="auto", cases=Non
     return checked, replicated
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_ops_match_reference(world):
     results = run_world(world, worker_fused_ops, start="forkserver")
@@ -378,6 +379,7 @@ def worker_large_boundary(rank, world):
     return True
 
 
+@pytest.mark.distributed
 def test_large_boundary_on_shm():
     assert run_world(2, worker_large_boundary, start="forkserver") == [True, True]
 
@@ -414,6 +416,7 @@ def worker_compiled_boundary(rank, world):
     return True
 
 
+@pytest.mark.distributed
 def test_compiled_boundary():
     assert run_world(2, worker_compiled_boundary, start="forkserver") == [True, True]
 
@@ -464,6 +467,7 @@ def worker_wrong_shape(rank, world):
     return time.monotonic() - start
 
 
+@pytest.mark.distributed
 def test_wrong_shape_on_one_rank_raises_and_peers_fail_in_time():
     results = run_world(4, worker_wrong_shape, timeout=COLLECTIVE_TIMEOUT_S * 6, start="forkserver")
     assert results[1] == "raised"
@@ -487,6 +491,7 @@ def worker_early_exit(rank, world):
     return time.monotonic() - start
 
 
+@pytest.mark.distributed
 def test_rank_exiting_early_makes_peers_fail_not_hang():
     results = run_world(
         2, worker_early_exit, timeout=COLLECTIVE_TIMEOUT_S * 6, expect_exit={1}, start="forkserver"
@@ -513,6 +518,7 @@ def worker_group_errors(rank, world):
     return True
 
 
+@pytest.mark.distributed
 def test_group_errors():
     assert run_world(2, worker_group_errors, start="forkserver") == [True, True]
 

@@ -3,9 +3,9 @@
 its own (network, UTS for its hostname, mount with a private /dev/shm), made with
 ``unshare --net --uts --mount``, and the hosts are joined by a veth pair whose addresses the
 harness assigns inside those namespaces; traffic never leaves them. A driver process in each host
-(``python tests/hosts_harness.py drive ...``, entered with nsenter) starts that host's ranks of one
-world with mhc_sp.launch.run_world and writes their results as JSON. Needs root (namespaces,
-mounts, links); tests skip without it. Used by tests/test_hosts.py."""
+(``python tests/transport/hosts_harness.py drive ...``, entered with nsenter) starts that host's
+ranks of one world with mhc_sp.launch.run_world and writes their results as JSON. Needs root
+(namespaces, mounts, links); tests skip without it. Used by tests/transport/test_hosts.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+#: The test folders whose modules the ranks import by name (test_sp_ops and fault_harness here,
+#: test_runner in model/): a driver, run as a script, puts them on sys.path itself.
+FOLDERS = [HERE, HERE.parent / "model"]
 #: The hosts' link: a /24 of the private range, used only inside the hosts' own namespaces.
 SUBNET = "10.213.7"
 LINK = "veth0"
@@ -116,7 +119,7 @@ class Hosts:
         env = dict(os.environ, GLOO_SOCKET_IFNAME=LINK)
         cmd = self.enter(k) + [
             sys.executable,
-            str(TESTS / "hosts_harness.py"),
+            str(HERE / "hosts_harness.py"),
             "drive",
             "--world",
             str(world),
@@ -302,7 +305,7 @@ def drive(argv: list[str]) -> int:
     p.add_argument("--cut", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [str(f) for f in FOLDERS if str(f) not in sys.path]
     from mhc_sp.launch import run_world
 
     ranks = [int(r) for r in args.ranks.split(",")]

@@ -113,6 +113,7 @@ def test_ops_budget_leaves_out_later_shapes(tmp_path):
     assert doc["skipped_shapes"] == [[64, 2]]
 
 
+@pytest.mark.distributed
 def test_comm_quick(tmp_path):
     doc = run_cli(
         tmp_path, "comm", "-tp", "2", "--sizes", "1K,4K", "--repeats", "2", "--warmup", "1"
@@ -251,6 +252,7 @@ def test_project_names_the_hardware_with_every_constant(capsys):
     assert path_terms("sp_fused", 16, 64, 4, 2)["launches"] == 3
 
 
+@pytest.mark.distributed
 def test_model_quick(tmp_path, capsys):
     csv_path, png = tmp_path / "model.csv", tmp_path / "model.png"
     doc = run_cli(
@@ -347,6 +349,7 @@ def test_torch_profile_trace_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.distributed
 def test_layer_quick_over_both_transports(tmp_path, capsys):
     csv_path = tmp_path / "layer.csv"
     doc = run_cli(

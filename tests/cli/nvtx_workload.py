@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Real work for tests/test_nvtx.py to record under the recording NVTX tool: run as
+"""Real work for tests/cli/test_nvtx.py to record under the recording NVTX tool: run as
 ``python nvtx_workload.py FOLDER`` with MHC_SP_NVTX_RECORD set (each process writes its events).
 
 1. ``mhc-sp-bench ops --profile nvtx-record`` (in this process, which has made no NVTX call yet:

@@ -313,6 +313,7 @@ def test_byte_arguments_are_checked():
         _symm._check_bytes(100, "half_bytes", 7, 4096)
 
 
+@pytest.mark.cuda  # reads the CUDA build
 @pytest.mark.skipif(not hasattr(_C, "SymmSimGroup"), reason="mhc_sp built without CUDA")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path runs in bench/symm_harness.py")
 def test_cuda_build_exposes_the_harness_without_a_gpu():
@@ -327,7 +328,7 @@ def test_harness_script_runs_to_its_no_gpu_exit():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "symm_harness.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "symm_harness.py"
     spec = importlib.util.spec_from_file_location("symm_harness", path)
     harness = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(harness)
@@ -370,6 +371,8 @@ def peer_gpus(world):
     )
 
 
+@pytest.mark.cuda  # one GPU per rank
+@pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_ops_on_symm_match_reference(world):
     # The production path (torch symmetric memory, one rank per GPU): every case of test_sp_ops,

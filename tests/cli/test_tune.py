@@ -5,6 +5,7 @@ numbers, the interval statistics, and a tiny measured run on two ranks with ever
 import json
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,6 +145,7 @@ def test_interval_statistics():
     assert slowest_rank([[1, 5], [2, 4]]) == [2, 5]
 
 
+@pytest.mark.distributed
 def test_tiny_tune_on_two_ranks(tmp_path, capfd):
     out = {k: tmp_path / f"tune.{k}" for k in ("json", "csv", "png", "trace")}
     argv = ["tune", "-tp", "2", "--hidden-size", "64", "--tokens", "1,8", "--warmup", "0"]

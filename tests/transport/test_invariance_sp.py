@@ -5,12 +5,15 @@ size (decode-size shards take the split-hidden path, the replicated call token b
 reduced partial is the same rank-order fp32 sum either way. One spawned world of 4 ranks covers
 tp = 2, 3 and 4 with subgroups."""
 
+import pytest
 import torch
 
 from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
+
+pytestmark = pytest.mark.distributed
 
 TP = (2, 3, 4)
 TOKENS = (3, 7, 32)

@@ -12,7 +12,7 @@ import pytest
 
 from mhc_sp.bench import cli
 
-PYTHON_DIR = str(Path(__file__).resolve().parents[1] / "python")
+PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
 
 
 def bench(*argv, torchrun=0, timeout=180):
@@ -38,6 +38,7 @@ def max_abs_diff(stdout):
     return float(values[0])
 
 
+@pytest.mark.distributed
 def test_tp2_pp2_under_torchrun_with_two_draft_steps_and_check():
     r = bench(
         "-tp",
@@ -212,6 +213,7 @@ def draft_line(step, tokens, tp):
 CHECK_MATRIX = [(tp, pp, spec) for tp in (2, 3, 4) for pp in (1, 2) for spec in (0, 2)]
 
 
+@pytest.mark.distributed
 @pytest.mark.slow  # 16-65 s each on two shared cores; the default suite has the torchrun run above
 @pytest.mark.parametrize("tp,pp,spec", CHECK_MATRIX)
 def test_check_passes_for_every_engine(tp, pp, spec):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Ranks on hosts that are really separate (tests/hosts_harness.py: namespaces of their own, a
-private /dev/shm, a veth pair between them). A tp=2 group across two hosts gets gloo from
+"""Ranks on hosts that are really separate (tests/transport/hosts_harness.py: namespaces of their
+own, a private /dev/shm, a veth pair between them). A tp=2 group across two hosts gets gloo from
 transport="auto", gives bitwise the results of one host, and says why; tp=2 inside each host x
 pp=2 across them runs shm inside the TP groups and hands the pipeline over between the hosts;
 once the link goes down every rank raises within the timeout. Same host is decided by
@@ -15,6 +15,8 @@ import pytest
 
 import hosts_harness as H
 from dist_harness import run_world
+
+pytestmark = pytest.mark.distributed
 
 #: Seconds past the gloo timeout within which every rank must have raised once the link is down.
 GRACE_S = 3.0

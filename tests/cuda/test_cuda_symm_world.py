@@ -22,10 +22,13 @@ from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
 from mhc_sp.testing import pre_weights, random_inputs
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"),
-    reason="needs a GPU and a CUDA build of mhc_sp",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"),
+        reason="needs a GPU and a CUDA build of mhc_sp",
+    ),
+    pytest.mark.distributed,
+]
 
 WORLD = 2
 CFG = MhcConfig()

@@ -243,6 +243,7 @@ def model_check(rank, world):
     return True
 
 
+@pytest.mark.distributed
 def test_protocol_growth_mismatch_stall_model_and_killed_rank():
     results = run_world(3, worker_protocol, expect_exit={2}, timeout=180, start="forkserver")
     assert results[2] is None  # killed
