@@ -56,6 +56,7 @@ export PYTHONUNBUFFERED=1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PATH=$CUDA_HOME/bin:$PATH
 export MHC_SP_CUDA=1
+export MHC_SP_TESTING=1 # the simulated symm ranks (mhc_sp._testing) the checks below run
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
@@ -184,7 +185,7 @@ step symm_world "$T_WORLD" "$PY" -m pytest -q -ra --junitxml="$WORK/symm_world.x
 if command -v compute-sanitizer >/dev/null 2>&1; then
   step memcheck "$T_SANITIZER" compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" -c '
 import torch
-from mhc_sp import _C
+from mhc_sp import _C, _testing
 from mhc_sp.config import MhcConfig
 from mhc_sp.testing import OPS, pre_weights, random_inputs
 for T, n, H in [(3, 4, 256), (70, 4, 72), (5, 2, 33)]:
@@ -194,7 +195,7 @@ for T, n, H in [(3, 4, 256), (70, 4, 72), (5, 2, 33)]:
 from mhc_sp import reference as R
 C = _C.symm_constants()
 for tp, production in ((1, True), (2, False)):
-    sim = _C.SymmSimGroup(tp, 0, C["default_mailbox_slot_bytes"], 1 << 22, 30.0)
+    sim = _testing.SymmSimGroup(tp, 0, C["default_mailbox_slot_bytes"], 1 << 22, 30.0)
     for T, sharded in ((3, False), (5, True)):
         i = random_inputs(T, 4, 256, seed=2, device="cuda")
         parts = [torch.randn(T, 256, device="cuda").bfloat16() for _ in range(tp)]

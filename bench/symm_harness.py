@@ -135,9 +135,15 @@ def main(argv=None) -> int:
         return 2
     import mhc_sp
     from mhc_sp import _C
+    from mhc_sp.testing import testing_module
 
-    if not hasattr(_C, "SymmSimGroup"):
-        print("symm_harness: mhc_sp was built without CUDA", file=sys.stderr)
+    _testing = testing_module()
+    if _testing is None or not hasattr(_testing, "SymmSimGroup"):
+        print(
+            "symm_harness: needs a CUDA build of mhc_sp with its testing module "
+            "(MHC_SP_CUDA=1 MHC_SP_TESTING=1)",
+            file=sys.stderr,
+        )
         return 2
     t0 = time.monotonic()
     H = 1024 if args.quick else args.hidden
@@ -163,8 +169,8 @@ def main(argv=None) -> int:
     C = _C.symm_constants()
     plan = [(8, False), (1, True)] if not args.quick else [(2, False), (1, True)]
     for tp, production in plan:
-        need = _C.symm_exchange_layout("fused_layer", True, big, big, H, 2, tp)["need"]
-        sim = _C.SymmSimGroup(
+        need = _testing.symm_exchange_layout("fused_layer", True, big, big, H, 2, tp)["need"]
+        sim = _testing.SymmSimGroup(
             tp, torch.cuda.current_device(), C["default_mailbox_slot_bytes"], need, 10.0
         )
         for T, sharded in ((1, False), (4, False), (16, False), (big, True)):

@@ -14,5 +14,7 @@ fi
 .venv/bin/python -m pip install -q "torch==2.14.1" numpy pybind11 ninja "cmake>=3.24" pytest \
   hypothesis safetensors matplotlib ruff==0.17.6 clang-format==23.1.5
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# The test-only module mhc_sp._testing beside mhc_sp._C: the tests use it.
+export MHC_SP_TESTING=${MHC_SP_TESTING:-1}
 MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation -e .
 .venv/bin/python -c "import mhc_sp; print('mhc_sp build:', mhc_sp.build_info())"

@@ -67,7 +67,7 @@ CallHeader header_of(const std::string& op, bool sharded, int64_t rows, int64_t 
 // into the finish's tree. The block's tree is built three ways, its levels split between registers,
 // shared memory and local memory as the kernels split them (hc_mult 4: 3 + 3 + 0; wider leaves:
 // some far levels); the three must agree bit for bit, and all must equal one tree over all leaves
-// for every per_block (tests/test_leaf_tree.py).
+// for every per_block (tests/ops/test_leaf_tree.py).
 template <int kReg, int kSmem, int kFar>
 float leaf_tree_sum_split(const std::vector<float>& leaves, size_t per_block) {
   cuda::LeafTree<1, 32> blocks;

@@ -5,7 +5,7 @@ Every rank allocates one buffer through torch symmetric memory, the group rendez
 blocking, never captured), and the C++ side gets the peer pointer table, initialises this rank's
 buffer (flags at epoch 0, armed Lamport mailboxes, the segment header) and keeps an NCCL
 communicator for calls that do not fit the buffer. The kernels see only the pointer table
-(csrc/include/mhc_sp/symm.h has the layout and the rules).
+(csrc/transport/symm/layout.h has the layout and the rules).
 
 The pointer table. ``symm_mem.empty`` may sub-allocate the buffer from a larger segment, and the
 handle's ``buffer_ptrs`` are the peers' segment bases as mapped here, not their buffers: rank p's

@@ -301,7 +301,12 @@ def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str
 
 
 def _init_cuda(
-    pg: ProcessGroup, name: str, rank: int, world: int, device, transport: str,
+    pg: ProcessGroup,
+    name: str,
+    rank: int,
+    world: int,
+    device,
+    transport: str,
     config: TransportConfig,
 ) -> None:
     if not hasattr(_C, "init_nccl_communicator"):
@@ -314,8 +319,16 @@ def _init_cuda(
     host = [0] * world if transport == "nccl" else hosts(pg)[0]
     seconds = _timeout_seconds(pg, config.timeout)
     _symm.init(
-        pg, name, rank, world, index, transport, seconds, host,
-        config.half_bytes, config.mailbox_slot_bytes,
+        pg,
+        name,
+        rank,
+        world,
+        index,
+        transport,
+        seconds,
+        host,
+        config.half_bytes,
+        config.mailbox_slot_bytes,
     )
 
 

@@ -32,6 +32,23 @@ COEFF_TOL = dict(rtol=1e-4, atol=1e-5)
 BF16_TOL = dict(rtol=1e-2, atol=2e-2)
 
 
+#: Why a test that needs mhc_sp._testing is skipped where it was not built.
+TESTING_MODULE_MISSING = (
+    "needs the testing module mhc_sp._testing: build with MHC_SP_TESTING=1 "
+    "(scripts/bootstrap.sh does)"
+)
+
+
+def testing_module():
+    """mhc_sp._testing (test-only bindings and the single-GPU symm harness, built with
+    MHC_SP_TESTING=1), or None where it was not built."""
+    try:
+        from . import _testing
+    except ImportError:
+        return None
+    return _testing
+
+
 def assert_close(actual: Tensor, expected: Tensor, name: str = "") -> None:
     """The contract's tolerance for the tensor's kind: bf16 streams or fp32 coefficients. Dtypes
     and shapes must agree exactly."""

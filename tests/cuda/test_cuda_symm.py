@@ -2,9 +2,9 @@
 """The symm transport's kernels on one GPU (skipped without one; bash bench/gpu_check.sh runs it).
 
 Two ways to run them here, through the device code production runs:
-  - simulated ranks (mhc_sp._C.SymmSimGroup): tp ranks in one cooperative launch, each with its
-    own buffer, pointer table, error record and inputs (distinct streams, coefficients and
-    partials per rank);
+  - simulated ranks (mhc_sp._testing.SymmSimGroup, the testing module): tp ranks in one
+    cooperative launch, each with its own buffer, pointer table, error record and inputs
+    (distinct streams, coefficients and partials per rank);
   - the production launch (`production=True`, a world of one): one rank, no cooperative launch,
     the sharded finish a programmatic dependent launch, eager and captured in CUDA graphs.
 Every output is bitwise the CUDA mhc_post_pre of the fp32 rank-order sum of the partials (the same
@@ -21,11 +21,12 @@ import torch
 from mhc_sp import _C, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import assert_close, pre_weights, random_inputs
+from mhc_sp.testing import assert_close, pre_weights, random_inputs, testing_module
 
+_testing = testing_module()
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or not hasattr(_C, "SymmSimGroup"),
-    reason="needs a GPU and a CUDA build of mhc_sp",
+    not torch.cuda.is_available() or not hasattr(_testing, "SymmSimGroup"),
+    reason="needs a GPU and a CUDA build of mhc_sp with its testing module (MHC_SP_TESTING=1)",
 )
 
 N = 4  # hc_mult: V4
@@ -36,10 +37,10 @@ WAIT_S = 5.0  # the simulated groups' timeout: a broken wait fails fast
 
 
 def group(tp: int, max_sharded_tokens: int = 1024, hidden: int = H, timeout: float = WAIT_S):
-    need = _C.symm_exchange_layout(
+    need = _testing.symm_exchange_layout(
         "fused_layer", True, max_sharded_tokens, max_sharded_tokens, hidden, 2, tp
     )["need"]
-    return _C.SymmSimGroup(
+    return _testing.SymmSimGroup(
         tp,
         torch.cuda.current_device(),
         C["default_mailbox_slot_bytes"],

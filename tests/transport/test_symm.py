@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 import mhc_sp.distributed as msd
 from mhc_sp import _C, _symm
 from mhc_sp import reference as R
+from mhc_sp.testing import TESTING_MODULE_MISSING, testing_module
+
+_testing = testing_module()
+# The host arithmetic of the symm transport is bound in the testing module only.
+needs_testing = pytest.mark.skipif(_testing is None, reason=TESTING_MODULE_MISSING)
 
 C = _C.symm_constants()
 PAGE = 4096
@@ -40,15 +45,18 @@ def test_buffer_regions_are_page_aligned_ordered_and_disjoint(world):
     assert L["total_bytes"] == end
 
 
+@needs_testing
 def test_default_sizes_hold_a_v4_pro_prefill_and_decode():
     # A half holds a sharded boundary of 8192 tokens at H = 7168 for every world the NVLink
     # domain of one host has; a mailbox slot holds 16 tokens of H = 7168.
     for world in (2, 4, 8):
-        need = _C.symm_exchange_layout("fused_layer", True, 8192, 8192, 7168, 2, world)["need"]
+        need = _testing.symm_exchange_layout("fused_layer", True, 8192, 8192, 7168, 2, world)[
+            "need"
+        ]
         assert need <= C["default_half_bytes"]
     assert 16 * 7168 * 2 + 16 <= C["default_mailbox_slot_bytes"]  # rows and the call's tag
     assert (
-        _C.symm_path(
+        _testing.symm_path(
             "fused_layer",
             False,
             16,
@@ -62,10 +70,11 @@ def test_default_sizes_hold_a_v4_pro_prefill_and_decode():
     )
 
 
+@needs_testing
 def test_flag_words_are_distinct_per_block_and_source():
     world = 4
     seen = {
-        _C.symm_flag_offset(world, b, s)
+        _testing.symm_flag_offset(world, b, s)
         for b in (0, 1, 2, C["max_blocks"] - 1)
         for s in range(world)
     }
@@ -75,12 +84,13 @@ def test_flag_words_are_distinct_per_block_and_source():
     assert max(seen) + 8 <= L["mailbox_offset"]
 
 
+@needs_testing
 def test_mailbox_and_half_indices_cycle():
-    assert [_C.symm_mailbox_index(c) for c in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    assert [_C.symm_half_index(c) for c in range(5)] == [0, 1, 0, 1, 0]
+    assert [_testing.symm_mailbox_index(c) for c in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [_testing.symm_half_index(c) for c in range(5)] == [0, 1, 0, 1, 0]
     big = 2**64 - 1  # the device counters are 64-bit and never wrap in practice; still consistent
-    assert _C.symm_mailbox_index(big) == big % 3
-    assert _C.symm_half_index(big) == 1
+    assert _testing.symm_mailbox_index(big) == big % 3
+    assert _testing.symm_half_index(big) == 1
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,8 +99,9 @@ def test_mailbox_and_half_indices_cycle():
     num_tokens=st.integers(0, 5000),
     hidden=st.sampled_from([8, 64, 4096, 7168]),
 )
+@needs_testing
 def test_sharded_layer_exchange_layout(world, num_tokens, hidden):
-    X = _C.symm_exchange_layout("fused_layer", True, num_tokens, num_tokens, hidden, 2, world)
+    X = _testing.symm_exchange_layout("fused_layer", True, num_tokens, num_tokens, hidden, 2, world)
     shard = -(-num_tokens // world)
     row = hidden * 2
     assert X["in_rows"] == X["out_rows"] == shard
@@ -113,16 +124,18 @@ def test_sharded_layer_exchange_layout(world, num_tokens, hidden):
         ("fused_entry", False, 0, 0),
     ],
 )
+@needs_testing
 def test_exchange_layout_per_op(op, sharded, in_rows, out_rows):
-    X = _C.symm_exchange_layout(op, sharded, 10, 10, 64, 2, 4)
+    X = _testing.symm_exchange_layout(op, sharded, 10, 10, 64, 2, 4)
     assert (X["in_rows"], X["out_rows"]) == (in_rows, out_rows)
 
 
+@needs_testing
 def test_paths():
     slot, half = C["default_mailbox_slot_bytes"], C["default_half_bytes"]
 
     def path(op, sharded, rows, inner, world=8):
-        return _C.symm_path(op, sharded, rows, rows, inner, world, slot, half)
+        return _testing.symm_path(op, sharded, rows, rows, inner, world, slot, half)
 
     for T in (1, 7, 16):
         assert path("fused_layer", False, T, 7168) == "lamport"
@@ -139,10 +152,11 @@ def test_paths():
     assert path("fused_layer", True, 100, 4100) == "fallback"
     assert path("all_gather", False, 100, 4) == "fallback"  # 8-byte rows: not 16-byte vectors
     # A slot holds the rows and, in its last 16 bytes, the call's tag.
-    assert _C.symm_path("all_reduce", False, 1, 1, 64, 2, 128 + 128, half) == "lamport"
-    assert _C.symm_path("all_reduce", False, 1, 1, 128, 2, 256, half) == "exchange"
+    assert _testing.symm_path("all_reduce", False, 1, 1, 64, 2, 128 + 128, half) == "lamport"
+    assert _testing.symm_path("all_reduce", False, 1, 1, 128, 2, 256, half) == "exchange"
 
 
+@needs_testing
 def test_layout_argument_errors():
     with pytest.raises(ValueError, match="^world: "):
         _C.symm_buffer_layout(0, 1024, 8192)
@@ -153,16 +167,17 @@ def test_layout_argument_errors():
     with pytest.raises(ValueError, match="^half_bytes: "):
         _C.symm_buffer_layout(2, 1024, 100)
     with pytest.raises(ValueError, match="^op: "):
-        _C.symm_exchange_layout("broadcast", False, 1, 1, 8, 2, 2)
+        _testing.symm_exchange_layout("broadcast", False, 1, 1, 8, 2, 2)
     with pytest.raises(ValueError, match="^rows: "):
-        _C.symm_exchange_layout("all_gather", False, -1, 1, 8, 2, 2)
+        _testing.symm_exchange_layout("all_gather", False, -1, 1, 8, 2, 2)
     with pytest.raises(ValueError, match="^block: "):
-        _C.symm_flag_offset(2, C["max_blocks"], 0)
+        _testing.symm_flag_offset(2, C["max_blocks"], 0)
 
 
+@needs_testing
 def test_peer_table_checks():
     ptrs = [0x10000, 0x20000, 0x30000]
-    assert _C.symm_checked_peer_table(ptrs, 1, 3, 0x20000) == ptrs
+    assert _testing.symm_checked_peer_table(ptrs, 1, 3, 0x20000) == ptrs
     cases = [
         (ptrs[:2], 1, 3, 0x20000, "^peer_ptrs: expected 3 pointers"),
         ([0x10000, 0, 0x30000], 1, 3, 0, "^peer_ptrs: rank 1's buffer is not mapped"),
@@ -180,25 +195,29 @@ def test_peer_table_checks():
     ]
     for p, rank, world, local, match in cases:
         with pytest.raises(ValueError, match=match):
-            _C.symm_checked_peer_table(p, rank, world, local)
+            _testing.symm_checked_peer_table(p, rank, world, local)
 
 
+@needs_testing
 def test_refused_call_text():
-    text = _C.symm_describe_error("peer_broken", 1, 0, 0, 3, 9, 0.0, "tp", 2.0)
+    text = _testing.symm_describe_error("peer_broken", 1, 0, 0, 3, 9, 0.0, "tp", 2.0)
     assert "the start of a call" in text and "refused the call (its outputs are NaN)" in text
     assert "rank 0 had marked the workspace broken" in text
 
 
+@needs_testing
 def test_error_text_names_the_peer():
-    text = _C.symm_describe_error("timeout", 3, 5, 17, 1, 42, 2.5, "tp", 2.0)
+    text = _testing.symm_describe_error("timeout", 3, 5, 17, 1, 42, 2.5, "tp", 2.0)
     assert "rank 3" in text and "waiting for rank 5" in text and "block 17" in text
     assert "first barrier" in text and "epoch 42" in text and "group 'tp'" in text
     assert "broken" in text
-    assert "rank 6 had marked" in _C.symm_describe_error(
+    assert "rank 6 had marked" in _testing.symm_describe_error(
         "peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0
     )
-    assert "Lamport mailbox" in _C.symm_describe_error("peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0)
-    assert "rank 2 made a different call" in _C.symm_describe_error(
+    assert "Lamport mailbox" in _testing.symm_describe_error(
+        "peer_broken", 0, 6, 0, 0, 1, 0.0, "g", 1.0
+    )
+    assert "rank 2 made a different call" in _testing.symm_describe_error(
         "mismatch", 0, 2, 0, 1, 1, 0, "g", 1
     )
 
@@ -273,19 +292,21 @@ def test_peer_table_is_segment_base_plus_each_ranks_offset():
         _symm.buffer_offset(0x1380, 0x1000, 0x100, 0x400)  # runs past the segment's end
 
 
+@needs_testing
 def test_lamport_tags_never_hold_the_empty_marker_and_tell_calls_apart():
     seen = set()
     for op in ("fused_layer", "all_reduce"):
         for rows, inner in ((1, 7168), (16, 7168), (131072, 1), (2**30 - 1, 2**30 - 1)):
             for call in (0, 1, 2, 3, 2**15, 2**40 + 7):
-                tag = _C.symm_lamport_tag(op, rows, inner, call)
+                tag = _testing.symm_lamport_tag(op, rows, inner, call)
                 assert len(tag) == 8 and all(0 <= lane < 0x8000 for lane in tag), tag
                 seen.add(tuple(tag))
     assert len(seen) == 2 * 4 * 6
 
 
+@needs_testing
 def test_stream_chain_orders_calls_across_streams():
-    chain = _C.SymmStreamChain()
+    chain = _testing.SymmStreamChain()
     assert chain.next(1, 0) == (False, False)  # the first call waits for nothing
     assert chain.next(1, 0) == (False, False)  # same stream: stream order suffices
     assert chain.next(2, 0) == (True, False)  # another stream waits for the last call
@@ -302,7 +323,7 @@ def test_stream_chain_orders_calls_across_streams():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_init_without_cuda_raises():
     with pytest.raises(ValueError, match="^device: CUDA transports need"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 1.0)
+        _symm.init(None, "g", 0, 2, 0, "symm", 1.0, [0, 0])
 
 
 def test_byte_arguments_are_checked():
@@ -314,14 +335,14 @@ def test_byte_arguments_are_checked():
 
 
 @pytest.mark.cuda  # reads the CUDA build
-@pytest.mark.skipif(not hasattr(_C, "SymmSimGroup"), reason="mhc_sp built without CUDA")
+@pytest.mark.skipif(not hasattr(_testing, "SymmSimGroup"), reason="mhc_sp built without CUDA")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU path runs in bench/symm_harness.py")
 def test_cuda_build_exposes_the_harness_without_a_gpu():
     # The CUDA build links the transport; creating a group needs a GPU and says so.
     with pytest.raises(
         ValueError, match=r"^device: expected a CUDA device index in \[0, 0\), got 0"
     ):
-        _C.SymmSimGroup(2, 0, 4096, 8192, 1.0)
+        _testing.SymmSimGroup(2, 0, 4096, 8192, 1.0)
 
 
 def test_harness_script_runs_to_its_no_gpu_exit():
@@ -401,7 +422,7 @@ class FakeWorld:
 
     def all_gather_object(self, out, value, group=None):
         self.gathers += 1
-        peer = {1: ("host", self.devices[1]), 2: {}, 3: self.peer_offset}[self.gathers]
+        peer = {1: self.devices[1], 2: {}, 3: self.peer_offset}[self.gathers]
         out[:] = [value, peer]
 
     def broadcast_object_list(self, objs, group=None, group_src=0):
@@ -416,7 +437,10 @@ class FakeWorld:
 
     def rendezvous(self, buffer, name):
         base = buffer.data_ptr() - self.own_offset
-        return type("Handle", (), {"buffer_ptrs": [base, 0x7F0000000000], "buffer_size": 1 << 40})
+        self.handle = type(
+            "Handle", (), {"buffer_ptrs": [base, 0x7F0000000000], "buffer_size": 1 << 40}
+        )
+        return self.handle
 
     def install(self, monkeypatch):
         import torch.distributed as dist
@@ -424,7 +448,6 @@ class FakeWorld:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         for name in ("all_gather_object", "broadcast_object_list", "barrier"):
             monkeypatch.setattr(_symm.dist, name, getattr(self, name))
-        monkeypatch.setattr(_symm, "_host_key", lambda: "host")
         monkeypatch.setattr(dist, "_symmetric_memory", self, raising=False)
         monkeypatch.setattr(_C, "nccl_unique_id", lambda: b"id", raising=False)
         monkeypatch.setattr(
@@ -443,33 +466,42 @@ class FakeWorld:
 def test_init_builds_the_table_from_every_ranks_offset(monkeypatch):
     world = FakeWorld(devices=[0, 1])
     world.install(monkeypatch)
-    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0) == "symm"
+    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0]) == "symm"
     name, uid, index, buffer, ptrs = world.init_args[:5]
     assert (name, uid, index) == ("g", b"id", 0)  # separate GPUs: an NCCL fallback too
     assert ptrs == [world.buffer.data_ptr(), 0x7F0000000000 + 0x40000]
+    # The workspace gets the rendezvous handle: it keeps the peers' buffers mapped.
+    assert world.init_args[-1] is world.handle
     assert "native atomics" in _symm.reason("g")
-    _symm.release("g")
+    _symm.forget("g")
     assert _symm.reason("g") is None
+
+
+def test_init_on_ranks_of_two_hosts_picks_nccl(monkeypatch):
+    world = FakeWorld(devices=[0, 1])
+    world.install(monkeypatch)
+    with pytest.raises(ValueError, match="^transport: 'symm' needs .* it runs on another host"):
+        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 1])
 
 
 def test_init_with_ranks_on_one_gpu_keeps_no_nccl(monkeypatch):
     world = FakeWorld(devices=[0, 0])
     world.install(monkeypatch)
     with pytest.raises(ValueError, match="^transport: 'symm' needs .* shares GPU 0"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 5.0)
+        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0])
     world = FakeWorld(devices=[0, 0])
     world.install(monkeypatch)
     monkeypatch.setenv(_symm.SHARED_GPU_SWITCH, "1")
-    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0) == "symm"
+    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0]) == "symm"
     assert world.init_args[1] is None  # NCCL refuses ranks on one GPU
-    _symm.release()
+    _symm.forget()
 
 
 def test_init_fails_on_every_rank_when_one_buffer_is_outside_its_segment(monkeypatch):
     world = FakeWorld(devices=[0, 1], peer_offset=(None, "buffer: not inside (peer)"))
     world.install(monkeypatch)
     with pytest.raises(ValueError, match=r"^buffer: not inside \(peer\) \(rank 1 of group 'g'\)"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 5.0)
+        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0])
     assert world.init_args is None
 
 

@@ -37,7 +37,7 @@
 //     different call. Sizes come from the header (layout_for), never from the peer's data. On the
 //     device, where each block has its own barrier, every block writes the header (its epoch
 //     field 0, as blocks keep their own epochs; the call number tells calls apart) and checks
-//     every peer's before it reads any of that peer's rows (mhc_sp/cuda/symm.cuh).
+//     every peer's before it reads any of that peer's rows (transport/symm/device/sync.cuh).
 //  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from +0,
 //     and round once to the output type: every rank gets bitwise the same sum. Starting from +0
 //     makes a position where every rank holds -0 sum to +0 (as it must where -0 is the symm

@@ -2,7 +2,7 @@
 #pragma once
 // Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
 // `str group` argument. Each registered group has at most one transport per device type, fixed at
-// init: for CPU tensors the group's own gloo backend (csrc/transport/gloo.cpp) or a same-host
+// init: for CPU tensors the group's own gloo backend (csrc/transport/gloo/) or a same-host
 // shared-memory workspace (csrc/transport/shm/); for CUDA tensors an NCCL communicator created by
 // mhc_sp (csrc/transport/nccl/) or a symmetric-memory workspace over the peers' GPU buffers
 // (csrc/transport/symm/). A world of one needs none ("local"). The registry

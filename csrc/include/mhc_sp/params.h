@@ -105,24 +105,33 @@ inline PreWeights broadcast_weights(const PreWeights& w, const StreamShape& s) {
   return summed;
 }
 
-// A pre over `T` rows of the stream shape `s`, writing post (T, n), comb (T, n, n) and out (T, H).
-inline PreParams pre_kernel_params(const PreWeights& w, int64_t T, const StreamShape& s,
-                                   float* post, float* comb, BFloat16* out) {
+// A projection of `T` rows of the stream shape `s` through fn / scale / base (its rows: base's).
+inline PreParams projection_params(const Tensor& fn, const Tensor& scale, const Tensor& base,
+                                   const float* norm_weight, const MhcScalars& sc, int64_t T,
+                                   const StreamShape& s, float* post, float* comb, BFloat16* out) {
   return PreParams{.T = T,
                    .n = s.n,
                    .H = s.H,
-                   .rows = w.base.size(0),
-                   .fn = w.fn.const_data_ptr<float>(),
-                   .scale = w.scale.const_data_ptr<float>(),
-                   .base = w.base.const_data_ptr<float>(),
-                   .norm_weight = w.norm_weight ? w.norm_weight->const_data_ptr<float>() : nullptr,
-                   .s = w.s,
+                   .rows = base.size(0),
+                   .fn = fn.const_data_ptr<float>(),
+                   .scale = scale.const_data_ptr<float>(),
+                   .base = base.const_data_ptr<float>(),
+                   .norm_weight = norm_weight,
+                   .s = sc,
                    .post = post,
                    .comb = comb,
                    .out = out};
 }
 
-// The head's collapse over `T` rows into out (T, H): a pre with n rows, no post/comb, no norm.
+// A pre over `T` rows of the stream shape `s`, writing post (T, n), comb (T, n, n) and out (T, H).
+inline PreParams pre_kernel_params(const PreWeights& w, int64_t T, const StreamShape& s,
+                                   float* post, float* comb, BFloat16* out) {
+  const float* norm = w.norm_weight ? w.norm_weight->const_data_ptr<float>() : nullptr;
+  return projection_params(w.fn, w.scale, w.base, norm, w.s, T, s, post, comb, out);
+}
+
+// The head's collapse over `T` rows into out (T, H): a pre with n rows, no post/comb, no norm;
+// of the scalar tail only rms_eps and the weights' eps (hc_eps) take part.
 inline PreParams head_kernel_params(const HeadWeights& w, int64_t T, const StreamShape& s,
                                     BFloat16* out) {
   const MhcScalars sc{.rms_eps = w.s.rms_eps,
@@ -131,18 +140,7 @@ inline PreParams head_kernel_params(const HeadWeights& w, int64_t T, const Strea
                       .hc_post_mult = 1.f,
                       .sinkhorn_iters = 1,
                       .norm_eps = 1e-6f};
-  return PreParams{.T = T,
-                   .n = s.n,
-                   .H = s.H,
-                   .rows = w.base.size(0),
-                   .fn = w.fn.const_data_ptr<float>(),
-                   .scale = w.scale.const_data_ptr<float>(),
-                   .base = w.base.const_data_ptr<float>(),
-                   .norm_weight = nullptr,
-                   .s = sc,
-                   .post = nullptr,
-                   .comb = nullptr,
-                   .out = out};
+  return projection_params(w.fn, w.scale, w.base, nullptr, sc, T, s, nullptr, nullptr, out);
 }
 
 // A post over `T` rows of `in` with x from `x`, into residual_out (T, n, H).

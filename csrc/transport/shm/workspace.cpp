@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shared-memory workspace: POSIX segments laid out and driven as mhc_sp/boundary_protocol.h
 // describes. Everything here is host code; the rows themselves are read and written by
-// csrc/transport/shm_comm.cpp and the CPU kernels.
+// transport/shm/communicator.cpp and the CPU kernels.
 
 #include "transport/shm/workspace.h"
 

@@ -111,8 +111,8 @@ struct PreArgs {
 };
 
 // Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
-// symmetric-memory boundary (mhc_sp/cuda/symm.cuh) passes its own source, which reduces the peers'
-// rows on the fly. load<V> fills V widened values of token t at hidden position h.
+// symmetric-memory boundary (transport/symm/device/) passes its own source, which reduces the
+// peers' rows on the fly. load<V> fills V widened values of token t at hidden position h.
 struct DirectX {
   template <int V>
   __device__ __forceinline__ void load(const PreArgs& a, int64_t t, int64_t h,
