@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -166,7 +167,9 @@ def worker_protocol(rank, world):
         r"of 16 elements, rank 2 passed 3 rows of 8",
     ):
         ops.all_gather(torch.ones(3, 8 if rank == 2 else H), group)
-    group = msd.init(device="cpu", transport="shm", timeout=TIMEOUT_S)
+    # The timeout given through a TransportConfig, as a timedelta, holds as timeout= does.
+    config = msd.TransportConfig(timeout=timedelta(seconds=TIMEOUT_S))
+    group = msd.init(device="cpu", transport="shm", config=config)
 
     # A stalled rank: its peers give up within the timeout and say who they waited for.
     if rank == 1:
@@ -276,6 +279,21 @@ def test_transport_arguments():
         msd.init(device="cpu", timeout=0)
     with pytest.raises(TypeError, match=r"^timeout: expected seconds or a timedelta"):
         msd.init(device="cpu", timeout="10")
+    # TransportConfig: checked when it is made, and against the device and timeout= by init.
+    with pytest.raises(ValueError, match=r"^timeout: expected a positive, finite duration"):
+        msd.TransportConfig(timeout=-1.0)
+    with pytest.raises(ValueError, match=r"^half_bytes: expected at least 4096 bytes, got 100"):
+        msd.TransportConfig(half_bytes=100)
+    with pytest.raises(TypeError, match=r"^mailbox_slot_bytes: expected an int number of bytes"):
+        msd.TransportConfig(mailbox_slot_bytes=1.5)
+    with pytest.raises(TypeError, match=r"^config: expected a mhc_sp.distributed.TransportConfig"):
+        msd.init(device="cpu", config={"timeout": 5})
+    with pytest.raises(ValueError, match=r"^timeout: given both as timeout= and in config"):
+        msd.init(device="cpu", timeout=5, config=msd.TransportConfig(timeout=5))
+    with pytest.raises(
+        ValueError, match=r"^config: half_bytes and mailbox_slot_bytes size the symm"
+    ):
+        msd.init(device="cpu", config=msd.TransportConfig(half_bytes=1 << 20))
     with pytest.raises(ValueError, match="'nope' is not initialised with mhc_sp"):
         msd.transport("nope", "cpu")
     group = msd.init(device="cpu", transport="shm")
