@@ -135,9 +135,9 @@ def main(argv=None) -> int:
         return 2
     import mhc_sp
     from mhc_sp import _C
-    from mhc_sp.testing import testing_module
+    from mhc_sp.testing import load_testing_module
 
-    _testing = testing_module()
+    _testing = load_testing_module()
     if _testing is None or not hasattr(_testing, "SymmSimGroup"):
         print(
             "symm_harness: needs a CUDA build of mhc_sp with its testing module "

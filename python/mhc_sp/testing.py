@@ -39,7 +39,7 @@ TESTING_MODULE_MISSING = (
 )
 
 
-def testing_module():
+def load_testing_module():
     """mhc_sp._testing (test-only bindings and the single-GPU symm harness, built with
     MHC_SP_TESTING=1), or None where it was not built."""
     try:

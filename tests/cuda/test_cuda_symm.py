@@ -21,9 +21,9 @@ import torch
 from mhc_sp import _C, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import assert_close, pre_weights, random_inputs, testing_module
+from mhc_sp.testing import assert_close, load_testing_module, pre_weights, random_inputs
 
-_testing = testing_module()
+_testing = load_testing_module()
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or not hasattr(_testing, "SymmSimGroup"),
     reason="needs a GPU and a CUDA build of mhc_sp with its testing module (MHC_SP_TESTING=1)",

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 import mhc_sp.distributed as msd
 from mhc_sp import _C, _symm
 from mhc_sp import reference as R
-from mhc_sp.testing import TESTING_MODULE_MISSING, testing_module
+from mhc_sp.testing import TESTING_MODULE_MISSING, load_testing_module
 
-_testing = testing_module()
+_testing = load_testing_module()
 # The host arithmetic of the symm transport is bound in the testing module only.
 needs_testing = pytest.mark.skipif(_testing is None, reason=TESTING_MODULE_MISSING)
 
