@@ -378,10 +378,11 @@ def test_layer_quick_over_both_transports(tmp_path, capsys):
         (8, "gloo"),
     ]
     for r in rows:
-        for path in ("fused_sharded", "fused_replicated", "separate_sharded"):
+        for path in ("fused_sharded", "fused_replicated", "separate_sharded", "math_alone"):
             assert 0 < r[f"{path}_p10_us"] <= r[f"{path}_us"] <= r[f"{path}_p90_us"]
         assert r["speedup_lo_x"] <= r["speedup_x"] <= r["speedup_hi_x"]
         assert r["faster"] == decide.classify(r) and r["x_separate"] > 0
+        assert r["over_math_x"] > 0  # the boundary over its floor, paired in the same rounds
     assert [r["x_gloo"] for r in rows if r["transport"] == "gloo"] == [1.0, 1.0]
     for t in ("shm", "gloo"):
         mine = [r for r in rows if r["transport"] == t]

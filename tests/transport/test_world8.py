@@ -71,7 +71,7 @@ def test_world8_model_check_on_shm():
         "8",
         "--num-speculative-tokens",
         "1",
-        "--iters",
+        "--repeats",
         "1",
         "--warmup",
         "0",

@@ -2,14 +2,16 @@
 """mhc-sp-bench layer: one SP sublayer boundary across tensor-parallel sizes, token counts and
 transports, three ways: fused_layer sharded (reduce-scatter, mHC post + pre on this rank's
 tokens, all-gather, one op), fused_layer replicated (all-reduce, post + pre on every token), and
-the sharded work as separate ops (reduce_scatter, mhc_post_pre, all_gather).
+the sharded work as separate ops (reduce_scatter, mhc_post_pre, all_gather); beside them the
+floor, math_alone: mhc_post_pre on this rank's tokens alone, with the same threads, no exchange.
 
 Spawned ranks on CPU (transports shm and gloo), one GPU per rank on CUDA (symm, NCCL). Several
 --transport values are timed in one world, each on its own group over the same ranks, and every
 round samples every way, transport and count once, so their ratios come from the same run. Times
 are the slowest rank's, as median [p10-p90]; speedup is replicated / fused sharded (median of the
 paired ratios, 95% CI), x_separate is separate / fused sharded, x_<transport> compares a
-transport's fused sharded time with the last one's. Sharded beats replicated from the smallest
+transport's fused sharded time with the last one's, over_math_x is fused sharded / math_alone (how
+close the boundary comes to its floor). Sharded beats replicated from the smallest
 count where the speedup's interval lies above 1.0 at that count and every larger one (the rule
 of mhc-sp-bench tune)."""
 
@@ -24,15 +26,17 @@ from ..testing import random_inputs
 from . import decide, flags, report
 from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
-PATHS = ("fused_sharded", "fused_replicated", "separate_sharded")
+PATHS = ("fused_sharded", "fused_replicated", "separate_sharded", "math_alone")
 
 
 def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) -> dict:
-    """The three ways to run one boundary, as zero-argument callables on this rank."""
+    """The three ways to run one boundary and its floor, as zero-argument callables on this
+    rank."""
     from .. import ops
 
     shard = {k: R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")}
     w, proj = i["norm_weight"], (i["fn"], i["scale"], i["base"])
+    x_own = R.shard_tokens(partial[:T], rank, world)  # as many rows as the reduced shard
 
     def separate():
         x = ops.reduce_scatter(partial[:T], group)
@@ -49,6 +53,9 @@ def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) 
             partial, i["residual"], i["post"], i["comb"], *proj, w, group, False, T
         ),
         "separate_sharded": separate,
+        "math_alone": lambda: ops.mhc_post_pre(
+            x_own, shard["residual"], shard["post"], shard["comb"], *proj, w
+        ),
     }
 
 
@@ -137,6 +144,7 @@ def rows_from_samples(per_rank: list[dict], world: int, tokens: list[int], H: in
             row["x_separate"] = median_interval(
                 paired_ratios(way[f"{t}:separate_sharded"], sharded)
             )[0]
+            row["over_math_x"] = median_interval(paired_ratios(sharded, way[f"{t}:math_alone"]))[0]
             row["faster"] = decide.classify(row)
             if len(transports) > 1:
                 base = way[f"{transports[-1]}:fused_sharded"]
@@ -164,7 +172,7 @@ def run(args) -> int:
     for world in args.tensor_parallel_size:
         print(
             f"layer: -tp {world}: {len(args.tokens)} token counts x {len(args.transport)} "
-            f"transport(s) x 3 ways, {args.repeats} rounds (starting the ranks takes a few "
+            f"transport(s) x 3 ways and the math alone, {args.repeats} rounds (starting the ranks takes a few "
             f"seconds) ...",
             file=sys.stderr,
             flush=True,
@@ -208,6 +216,7 @@ def present(doc: dict) -> tuple:
         *(report.spread_col(f"{p}_us") for p in PATHS),
         report.interval_col("speedup_x [95% CI]", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
         report.col("x_separate"),
+        report.col("over_math_x"),
         *(
             report.col(k)
             for k in dict.fromkeys(k for r in rows for k in r)
