@@ -172,8 +172,8 @@ def run(args) -> int:
     for world in args.tensor_parallel_size:
         print(
             f"layer: -tp {world}: {len(args.tokens)} token counts x {len(args.transport)} "
-            f"transport(s) x 3 ways and the math alone, {args.repeats} rounds (starting the ranks takes a few "
-            f"seconds) ...",
+            f"transport(s) x 3 ways and the math alone, {args.repeats} rounds (starting the "
+            f"ranks takes a few seconds) ...",
             file=sys.stderr,
             flush=True,
         )
