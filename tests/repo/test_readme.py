@@ -129,3 +129,18 @@ def test_peer_ratios_quoted_come_from_the_recorded_file():
         quoted = [float(c.strip().rstrip("x")) for c in cells.split("|")]
         recorded = [ratios[int(T), int(H), op] for op in ("post", "pre", "post_pre", "head")]
         assert quoted == [round(r, 2) for r in recorded]
+
+
+def test_the_recorded_nvtx_summary_in_the_docs_is_the_files():
+    """docs/profiling-nvtx.md quotes bench/results/cpu_layer_nvtx_record.json row by row: range,
+    count, total (ms, one decimal) and mean (us, whole)."""
+    doc = DOCS["docs/profiling-nvtx.md"]
+    start = doc.index("`bench/results/cpu_layer_nvtx_record.json` holds one")
+    shown = re.findall(r"^\| `([^`]+)` \| (\d+) \| ([\d.]+) \| (\d+) \|$", doc[start:], re.M)
+    recorded = json.loads((ROOT / "bench/results/cpu_layer_nvtx_record.json").read_text())
+    assert recorded["unclosed_ranges"] == 0 and recorded["unmatched_pops"] == 0
+    want = [
+        (r["range"], str(r["count"]), f"{r['total_us'] / 1000:.1f}", f"{r['mean_us']:.0f}")
+        for r in recorded["ranges"]
+    ]
+    assert shown == want
