@@ -105,7 +105,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       return mhc_pre_broadcast_impl(a.x, s, a.pre);
     }
     const int64_t tokens = a.x.size(0), rows = s.T;
-    const int64_t valid = bp::shard_valid_rows(tokens, ws_.world(), ws_.rank());
+    const int64_t valid = real_rows(true, tokens);
     Call call = ws_.start(bp::Op::kFusedEntry, bp::kSharded, 0, tokens, s.H, at::kBFloat16);
     Tensor residual = at::empty({rows, s.n, s.H}, a.x.options());
     Tensor post = at::empty({rows, s.n}, a.x.options().dtype(at::kFloat));
@@ -136,8 +136,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   LayerOutputs fused_layer(const LayerArgs& a) override {
     const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
-    const int64_t valid =
-        a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    const int64_t valid = real_rows(a.sharded, tokens);
     Call call = ws_.start(bp::Op::kFusedLayer, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
                           at::kBFloat16);
     {
@@ -166,9 +165,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     }
     if (a.sharded) {
       MHC_SP_NVTX_PHASE("fused_layer/gather");
-      share_own_rows(call, layer_input, rows, valid);
-      call.barrier();
-      gather_peer_rows(call, layer_input, rows);
+      gather_after_barrier(call, layer_input, rows, valid);
     }
     call.finish();
     return {residual_out, post, comb, layer_input};
@@ -177,8 +174,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
   HeadOutputs fused_head(const HeadArgs& a) override {
     const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
-    const int64_t valid =
-        a.sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+    const int64_t valid = real_rows(a.sharded, tokens);
     Call call = ws_.start(bp::Op::kFusedHead, a.sharded ? bp::kSharded : 0, tokens, tokens, s.H,
                           at::kBFloat16);
     {
@@ -202,15 +198,26 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     }
     if (a.sharded) {
       MHC_SP_NVTX_PHASE("fused_head/gather");
-      share_own_rows(call, hidden, rows, valid);
-      call.barrier();
-      gather_peer_rows(call, hidden, rows);
+      gather_after_barrier(call, hidden, rows, valid);
     }
     call.finish();
     return {hidden, residual_out};
   }
 
  private:
+  // This rank's real rows of a boundary of `tokens` tokens: its shard's, or all when replicated.
+  int64_t real_rows(bool sharded, int64_t tokens) const {
+    return sharded ? bp::shard_valid_rows(tokens, ws_.world(), ws_.rank()) : tokens;
+  }
+
+  // The sharded boundary's last step: this rank's `valid` rows of `out` published, a barrier, the
+  // peers' rows copied into `out`.
+  static void gather_after_barrier(Call& call, Tensor& out, int64_t shard_rows, int64_t valid) {
+    share_own_rows(call, out, shard_rows, valid);
+    call.barrier();
+    gather_peer_rows(call, out, shard_rows);
+  }
+
   // The partial's first `tokens` rows into this rank's slot, for the peers: all of them when
   // replicated (shard_rows == 0), else all but this rank's own `valid` rows (it reads those from
   // the partial itself).
