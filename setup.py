@@ -12,9 +12,10 @@ Switches (environment):
                            wheel that CUDA builds of torch depend on, else the CUDA toolkit's);
                            with them the recording NVTX tool (tools/nvtx_record) is built beside
                            the extension
-  MHC_SP_TESTING=0|1      build the testing module mhc_sp._testing beside mhc_sp._C (test-only
-                           bindings and the single-GPU symm harness; scripts/bootstrap.sh and
-                           bench/gpu_check.sh set 1)
+  MHC_SP_TESTING=0|1      build the test-only modules beside mhc_sp._C: mhc_sp._testing (test-only
+                           bindings and the single-GPU symm harness) and mhc_sp._emulated (the CUDA
+                           device code run on the host, docs/emulation.md); scripts/bootstrap.sh
+                           and bench/gpu_check.sh set 1
   MHC_SP_SANITIZE=address,undefined
                            build the C++ (CPU kernels, transports, ops) with these sanitizers, in a
                            build folder of its own; scripts/sanitize.sh installs such a build
@@ -178,8 +179,13 @@ class CMakeBuild(build_ext):
 
     @staticmethod
     def _beside(module: Path) -> list[str]:
-        """Files CMake builds beside the module: the NVTX recorder and the testing module."""
-        return [CMakeBuild.NVTX_RECORDER, module.name.replace("_C", "_testing", 1)]
+        """Files CMake builds beside the module: the NVTX recorder, then the test-only modules
+        (the testing module and the emulated device)."""
+        return [
+            CMakeBuild.NVTX_RECORDER,
+            module.name.replace("_C", "_testing", 1),
+            module.name.replace("_C", "_emulated", 1),
+        ]
 
     def copy_extensions_to_source(self):
         """Editable installs: the module, and what is built beside it (a stale one goes)."""
@@ -264,8 +270,9 @@ class CMakeBuild(build_ext):
         cmake = _tool("cmake", "cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         subprocess.check_call([cmake, "--build", str(build_dir)], env=env)
-        if not _testing():  # a testing module left by an earlier build of this folder
-            out_path.with_name(self._beside(out_path)[1]).unlink(missing_ok=True)
+        if not _testing():  # test-only modules left by an earlier build of this folder
+            for name in self._beside(out_path)[1:]:
+                out_path.with_name(name).unlink(missing_ok=True)
 
 
 setup(

@@ -26,11 +26,13 @@ DATA = TESTS / "data"
 #: ops (the math ops and their kernels on CPU), transport (collectives, the fused SP ops, shm,
 #: gloo and symm host logic, faults, separate hosts, worlds of 8), model (model, runner, plan,
 #: configuration), cli (mhc-sp-bench, tune, NVTX profiling), repo (README, docs, lint, repository
-#: promises) and cuda (everything that needs a GPU or reads the CUDA build).
-SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda")
+#: promises), cuda (everything that needs a GPU or reads the CUDA build) and emulated (the CUDA
+#: device code run on the host, mhc_sp._emulated).
+SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated")
 
-#: Folders whose every test gets the marker: cuda needs a GPU or reads the CUDA build.
-FOLDER_MARKERS = {"cuda": "cuda"}
+#: Folders whose every test gets the marker: cuda needs a GPU or reads the CUDA build; emulated
+#: runs the device code on the emulated device (pytest -m emulated runs those alone).
+FOLDER_MARKERS = {"cuda": "cuda", "emulated": "emulated"}
 
 for _subject in reversed(SUBJECTS):
     if str(TESTS / _subject) not in sys.path:

@@ -18,8 +18,7 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
   a.spans = (p.H + kPostThreads * V - 1) / (kPostThreads * V);
   const int64_t items = p.T * a.spans;
   const int64_t grid = std::min<int64_t>(items, int64_t(sm_count()) * 32);  // blocks stride
-  post_kernel<N, V><<<static_cast<unsigned>(grid), kPostThreads, 0, stream>>>(a);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(post_kernel<N, V>, grid, 1, kPostThreads, stream, {}, a);
 }
 
 }  // namespace

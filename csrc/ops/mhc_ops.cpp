@@ -13,12 +13,19 @@ namespace mhc_sp {
 namespace {
 
 const KernelTable& kernels_for(const Tensor& t) {
+#if defined(MHC_SP_EMULATION)
+  // The emulated device (csrc/emulation/): host memory, the CUDA kernels.
+  TORCH_CHECK_VALUE(t.is_cpu(), "the emulated device takes CPU tensors; got a tensor on ",
+                    t.device());
+  return cuda_kernels();
+#else
 #if defined(MHC_SP_WITH_CUDA)
   if (t.is_cuda()) return cuda_kernels();
 #endif
   TORCH_CHECK_VALUE(t.is_cpu(), "mhc_sp was built without CUDA support; got a tensor on ",
                     t.device());
   return cpu_kernels();
+#endif
 }
 
 PreOutputs alloc_pre_outputs(const StreamShape& s, const Tensor& ref) {

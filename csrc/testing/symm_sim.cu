@@ -71,7 +71,7 @@ template <typename Kernel, typename Params>
 void launch_ranks(Kernel kernel, int threads, int64_t items, const SimParams<Params>& P,
                   int64_t ranks, cudaStream_t stream) {
   const int64_t grid = cuda::resident_grid(kernel, threads, items, ranks);
-  cuda::launch(kernel, grid, ranks, threads, P, true, false, stream);
+  cuda::launch_kernel(kernel, grid, ranks, threads, stream, {.cooperative = true}, P);
 }
 
 }  // namespace

@@ -49,6 +49,23 @@ def load_testing_module():
     return _testing
 
 
+#: Why a test that needs mhc_sp._emulated is skipped where it was not built.
+EMULATED_MODULE_MISSING = (
+    "needs the emulated device mhc_sp._emulated: build with MHC_SP_TESTING=1 "
+    "(scripts/bootstrap.sh does)"
+)
+
+
+def load_emulated_module():
+    """mhc_sp._emulated (the CUDA device code run on the host, docs/emulation.md; built with
+    MHC_SP_TESTING=1 on every machine), or None where it was not built."""
+    try:
+        from . import _emulated
+    except ImportError:
+        return None
+    return _emulated
+
+
 def assert_close(actual: Tensor, expected: Tensor, name: str = "") -> None:
     """The contract's tolerance for the tensor's kind: bf16 streams or fp32 coefficients. Dtypes
     and shapes must agree exactly."""

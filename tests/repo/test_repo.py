@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 #: The tests' subject folders (tests/conftest.py puts each on sys.path and marks tests/cuda).
-SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda")
+SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated")
 
 
 @pytest.mark.distributed

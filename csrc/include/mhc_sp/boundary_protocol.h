@@ -67,6 +67,10 @@
 
 #include <cstdint>
 
+#if defined(MHC_SP_EMULATION)
+#include "emulation/device.h"  // the emulated device's polls (csrc/emulation/)
+#endif
+
 #if defined(__CUDACC__)
 #define MHC_SP_HOST_DEVICE __host__ __device__
 #else
@@ -219,6 +223,9 @@ MHC_SP_HOST_DEVICE inline uint64_t load_acquire(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 #else
+#if defined(MHC_SP_EMULATION)
+  emulation::poll();  // a spin-wait's poll: the emulated threads it waits for run meanwhile
+#endif
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 #endif
 }
@@ -229,6 +236,9 @@ MHC_SP_HOST_DEVICE inline uint32_t load_broken(const uint32_t* p) {
   asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 #else
+#if defined(MHC_SP_EMULATION)
+  emulation::poll();
+#endif
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 #endif
 }

@@ -65,19 +65,19 @@ void launch_fused_layer(const RankView& rank, const LayerArgs& a, const LayerOut
       const cuda::PreWorkspace ws(P.pre, plan);
       auto kernel = cuda::symm_lamport_layer_kernel<N, 8>;
       const int64_t grid = cuda::resident_grid(kernel, kProjThreads, plan.items, 1);
-      cuda::launch(kernel, grid, 1, kProjThreads, P, false, false, stream);
+      cuda::launch_kernel(kernel, grid, 1, kProjThreads, stream, {}, P);
       return;
     }
     cuda::ShardedLayerParams P = cuda::sharded_layer_params<N>(rank, a, out, plan);
     const cuda::PreWorkspace ws(P.pre, plan);
     auto project = cuda::symm_sharded_layer_kernel<N, 8>;
     auto finish = cuda::symm_sharded_finish_kernel<N, 8>;
-    cuda::launch(project, cuda::resident_grid(project, kProjThreads, plan.items, 1), 1,
-                 kProjThreads, P, false, false, stream);
+    cuda::launch_kernel(project, cuda::resident_grid(project, kProjThreads, plan.items, 1), 1,
+                        kProjThreads, stream, {}, P);
     // The finish is a programmatic dependent of the projection (it waits for it on the device).
-    cuda::launch(finish,
-                 cuda::resident_grid(finish, kFinishThreads, cuda::finish_groups(a.in.shape.T), 1),
-                 1, kFinishThreads, P, false, true, stream);
+    cuda::launch_kernel(
+        finish, cuda::resident_grid(finish, kFinishThreads, cuda::finish_groups(a.in.shape.T), 1),
+        1, kFinishThreads, stream, {.dependent = true}, P);
   });
 }
 
@@ -87,15 +87,16 @@ void launch_collective(const RankView& rank, boundary::Op op, const Tensor& out,
     TORCH_CHECK(op == boundary::Op::kAllReduce, "mhc_sp: only all_reduce uses the Lamport mailbox");
     const cuda::LamportSumParams P = cuda::lamport_sum_params(rank, out, in);
     auto kernel = cuda::symm_lamport_sum_kernel;
-    cuda::launch(kernel, cuda::resident_grid(kernel, kCopyThreads, cuda::lamport_sum_items(in), 1),
-                 1, kCopyThreads, P, false, false, stream);
+    cuda::launch_kernel(kernel,
+                        cuda::resident_grid(kernel, kCopyThreads, cuda::lamport_sum_items(in), 1),
+                        1, kCopyThreads, stream, {}, P);
     return;
   }
   const cuda::CollectiveParams P = cuda::collective_params(rank, op, out, in, num_tokens);
   const int64_t items = cuda::collective_items(P, op);
   auto go = [&](auto kernel) {
-    cuda::launch(kernel, cuda::resident_grid(kernel, kCopyThreads, items, 1), 1, kCopyThreads, P,
-                 false, false, stream);
+    cuda::launch_kernel(kernel, cuda::resident_grid(kernel, kCopyThreads, items, 1), 1,
+                        kCopyThreads, stream, {}, P);
   };
   switch (op) {
     case boundary::Op::kAllReduce: go(cuda::symm_reduce_kernel<boundary::Op::kAllReduce>); break;

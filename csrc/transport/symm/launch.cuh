@@ -30,34 +30,6 @@ int64_t resident_grid(Kernel kernel, int threads, int64_t items, int64_t ranks) 
   return std::max<int64_t>(1, std::min(items, cap));
 }
 
-// One launch of `kernel` over grid x ranks blocks. cooperative: every block resident or the launch
-// fails (the testing module's simulated ranks); pdl: a programmatic dependent of the previous
-// kernel in the stream.
-template <typename Kernel, typename Params>
-void launch(Kernel kernel, int64_t grid, int64_t ranks, int threads, const Params& params,
-            bool cooperative, bool pdl, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid), static_cast<unsigned>(ranks), 1);
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (cooperative) {
-    attrs[n].id = cudaLaunchAttributeCooperative;
-    attrs[n].val.cooperative = 1;
-    ++n;
-  }
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, params));
-}
-
 // The split-K workspace of one rank's pre (released to the caching allocator, stream-ordered).
 struct PreWorkspace {
   c10::DataPtr data;

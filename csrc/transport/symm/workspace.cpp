@@ -19,6 +19,16 @@ cudaStream_t current_stream(const Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
+// Whether `t` is memory the kernels can use: a CUDA tensor (on the emulated device, csrc/emulation/,
+// whose memory is host memory: a CPU tensor).
+bool device_memory(const Tensor& t) {
+#if defined(MHC_SP_EMULATION)
+  return t.is_cpu();
+#else
+  return t.is_cuda();
+#endif
+}
+
 }  // namespace
 
 SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptrs, int64_t rank,
@@ -31,7 +41,7 @@ SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptr
       layout_(buffer_layout(world, mailbox_slot_bytes, half_bytes)),
       timeout_s_(timeout_s) {
   TORCH_CHECK_VALUE(
-      buffer_.is_cuda() && buffer_.scalar_type() == at::kByte && buffer_.is_contiguous(),
+      device_memory(buffer_) && buffer_.scalar_type() == at::kByte && buffer_.is_contiguous(),
       "buffer: expected a contiguous uint8 CUDA tensor");
   TORCH_CHECK_VALUE(buffer_.numel() >= layout_.total_bytes, "buffer: expected at least ",
                     layout_.total_bytes, " bytes for world ", world, ", got ", buffer_.numel());

@@ -130,6 +130,8 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t 
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+#elif defined(MHC_SP_EMULATION)
+  ::mhc_sp::emulation::mma_m16n8k16_bf16(d, a, b0, b1, 0.f, __FILE__, __LINE__);
 #else
   __trap();  // this project builds for sm_90a / sm_100a; bf16 mma needs sm_80+
 #endif

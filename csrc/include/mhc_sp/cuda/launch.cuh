@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "mhc_sp/cuda/post.cuh"
 #include "mhc_sp/dispatch.h"
@@ -36,6 +37,43 @@ inline int sm_count() {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return std::max(sms, 1);
+}
+
+// How a kernel is launched (launch_kernel). cooperative: every block resident at once, or the
+// launch fails rather than oversubscribe; dependent: a programmatic dependent of the previous
+// kernel in the stream (its blocks may start early and wait in griddepcontrol.wait).
+struct LaunchFlags {
+  bool cooperative = false;
+  bool dependent = false;
+};
+
+// Every kernel launch of the project: grid x ranks blocks (gridDim.y = ranks: 1, except for the
+// testing module's simulated ranks) of `threads` threads, no dynamic shared memory, on `stream`.
+// One function, so that every launch takes the same checked path (and the emulated device,
+// csrc/emulation/, runs the same launchers).
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), int64_t grid, int64_t ranks, int threads,
+                   cudaStream_t stream, LaunchFlags flags, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid), static_cast<unsigned>(ranks), 1);
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (flags.cooperative) {
+    attrs[n].id = cudaLaunchAttributeCooperative;
+    attrs[n].val.cooperative = 1;
+    ++n;
+  }
+  if (flags.dependent) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // How a pre-style op of T tokens splits its projection: token tiles x H-splits work items (one
@@ -89,13 +127,11 @@ void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
 
   auto run = [&](auto v_const) {
     constexpr int V = decltype(v_const)::value;
-    project_kernel<N, MODE, V><<<static_cast<unsigned>(grid), kProjThreads, 0, stream>>>(a, fused);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(project_kernel<N, MODE, V>, grid, 1, kProjThreads, stream, {}, a, fused);
     if (!fused) {
       const int64_t groups = (a.T + kFinishTokens - 1) / kFinishTokens;
       const int64_t fgrid = std::min<int64_t>(groups, int64_t(sms) * 64);
-      finish_kernel<N, MODE, V><<<static_cast<unsigned>(fgrid), kFinishThreads, 0, stream>>>(a);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_kernel(finish_kernel<N, MODE, V>, fgrid, 1, kFinishThreads, stream, {}, a);
     }
   };
   if (vec) {

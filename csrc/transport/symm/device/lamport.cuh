@@ -30,16 +30,33 @@ struct Mail<8> {
   uint4 u;
   __device__ __forceinline__ static Mail load(const void* p) {
     Mail m;
+#if defined(MHC_SP_EMULATION)  // four relaxed 32-bit loads: all a v4 access is atomic as
+    ::mhc_sp::emulation::poll();
+    auto* w = static_cast<uint32_t*>(const_cast<void*>(p));
+    m.u.x = std::atomic_ref<uint32_t>(w[0]).load(std::memory_order_relaxed);
+    m.u.y = std::atomic_ref<uint32_t>(w[1]).load(std::memory_order_relaxed);
+    m.u.z = std::atomic_ref<uint32_t>(w[2]).load(std::memory_order_relaxed);
+    m.u.w = std::atomic_ref<uint32_t>(w[3]).load(std::memory_order_relaxed);
+#else
     asm volatile("ld.relaxed.sys.global.v4.b32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(m.u.x), "=r"(m.u.y), "=r"(m.u.z), "=r"(m.u.w)
                  : "l"(p)
                  : "memory");
+#endif
     return m;
   }
   __device__ __forceinline__ void store(void* p) const {
+#if defined(MHC_SP_EMULATION)
+    auto* w = static_cast<uint32_t*>(p);
+    std::atomic_ref<uint32_t>(w[0]).store(u.x, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(w[1]).store(u.y, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(w[2]).store(u.z, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(w[3]).store(u.w, std::memory_order_relaxed);
+#else
     asm volatile("st.relaxed.sys.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x),
                  "r"(u.y), "r"(u.z), "r"(u.w)
                  : "memory");
+#endif
   }
   __device__ __forceinline__ static Mail of(const Pack<8>& p) { return Mail{p.u}; }
   __device__ __forceinline__ static Mail of(const LamportTag& t) {
@@ -83,11 +100,21 @@ struct Mail<1> {
   uint16_t u;
   __device__ __forceinline__ static Mail load(const void* p) {
     Mail m;
+#if defined(MHC_SP_EMULATION)
+    ::mhc_sp::emulation::poll();
+    m.u = std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(const_cast<void*>(p)))
+              .load(std::memory_order_relaxed);
+#else
     asm volatile("ld.relaxed.sys.global.b16 %0, [%1];" : "=h"(m.u) : "l"(p) : "memory");
+#endif
     return m;
   }
   __device__ __forceinline__ void store(void* p) const {
+#if defined(MHC_SP_EMULATION)
+    std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(p)).store(u, std::memory_order_relaxed);
+#else
     asm volatile("st.relaxed.sys.global.b16 [%0], %1;" ::"l"(p), "h"(u) : "memory");
+#endif
   }
   __device__ __forceinline__ static Mail of(const Pack<1>& p) { return Mail{p.u}; }
   __device__ __forceinline__ static Mail armed() { return Mail{symm::kNegZeroBits}; }

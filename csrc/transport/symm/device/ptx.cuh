@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The PTX the symm kernels need beyond CUDA C++: the global timer their waits measure time with,
-// a system-scope fence, and programmatic dependent launch (sm_90+).
+// a system-scope fence, and programmatic dependent launch (sm_90+). The emulated device
+// (MHC_SP_EMULATION, csrc/emulation/) maps each onto its host equivalent.
 
 #include <cuda_runtime.h>
 
@@ -10,13 +11,21 @@
 namespace mhc_sp::cuda {
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
+#if defined(MHC_SP_EMULATION)
+  return ::mhc_sp::emulation::global_timer_ns();  // a poll too: the waits read it between polls
+#else
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+#endif
 }
 
 __device__ __forceinline__ void fence_acq_rel_sys() {
+#if defined(MHC_SP_EMULATION)
+  std::atomic_thread_fence(std::memory_order_acq_rel);
+#else
   asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
 }
 
 // Programmatic dependent launch (sm_90+): the dependent kernel waits here until the kernel before

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// mhc_sp._emulated: the CUDA device code run on the host (test-only, built with MHC_SP_TESTING=1
+// on every machine, with or without nvcc). The math ops are the production entries (mhc_sp/ops.h)
+// over the CUDA kernel table, on an emulated device whose memory is host memory (CPU tensors);
+// World runs simulated symm ranks through the production op entries (emulation/world.h).
+// docs/emulation.md: the model, what it proves and what only a GPU can.
+
+#include <Python.h>
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "emulation/device.h"
+#include "emulation/world.h"
+#include "mhc_sp/cuda/launch.cuh"
+#include "mhc_sp/ops.h"
+#include "mhc_sp/python_errors.h"
+#include "transport/symm/layout.h"
+
+namespace py = pybind11;
+
+namespace mhc_sp::emulation {
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// The production plan of a pre-style op (mhc_sp/cuda/launch.cuh) on the emulated device.
+py::dict plan_pre(int64_t n, const std::string& mode, int64_t T, int64_t H) {
+  TORCH_CHECK_VALUE(T >= 1 && H >= 1, "T, H: expected positive sizes, got ", T, ", ", H);
+  cuda::PrePlan p{};
+  const int sms = config().sms;
+  dispatch_hc_mult(n, [&](auto n_const) {
+    constexpr int N = decltype(n_const)::value;
+    if (mode == "pre") {
+      p = cuda::plan_pre<N, cuda::Mode::Pre>(T, H, sms);
+    } else if (mode == "post_pre") {
+      p = cuda::plan_pre<N, cuda::Mode::PostPre>(T, H, sms);
+    } else if (mode == "broadcast") {
+      p = cuda::plan_pre<N, cuda::Mode::Broadcast>(T, H, sms);
+    } else if (mode == "head") {
+      p = cuda::plan_pre<N, cuda::Mode::Head>(T, H, sms);
+    } else {
+      TORCH_CHECK_VALUE(false, "mode: expected pre, post_pre, broadcast or head, got '", mode, "'");
+    }
+  });
+  py::dict d;
+  d["tiles"] = p.tiles;
+  d["splits"] = p.splits;
+  d["per_split"] = p.per_split;
+  d["items"] = p.items;
+  d["fused"] = p.fused;
+  return d;
+}
+
+template <typename... Ts>
+std::vector<Tensor> tensors(const std::tuple<Ts...>& t) {
+  return std::apply([](const auto&... x) { return std::vector<Tensor>{x...}; }, t);
+}
+
+// One rank's call: an op of mhc_sp/ops.h with the schema's arguments (its `group` ignored: the
+// rank's own group is passed), converted now, under the GIL, and run later on the rank's thread.
+World::Call rank_call(const std::string& op, const py::tuple& a) {
+  auto T = [&](size_t i) { return a[i].cast<Tensor>(); };
+  auto opt = [&](size_t i) { return a[i].cast<OptTensor>(); };
+  auto I = [&](size_t i) { return a[i].cast<int64_t>(); };
+  auto D = [&](size_t i) { return a[i].cast<double>(); };
+  auto B = [&](size_t i) { return a[i].cast<bool>(); };
+  auto need = [&](size_t n) {
+    TORCH_CHECK_VALUE(a.size() == n, "calls: ", op, " takes ", n, " arguments (its schema's), got ",
+                      a.size());
+  };
+  if (op == "fused_layer") {
+    need(17);
+    return [=, p = T(0), r = T(1), po = T(2), c = T(3), fn = T(4), s = T(5), b = T(6), w = opt(7),
+            sharded = B(9), nt = I(10), e0 = D(11), e1 = D(12), e2 = D(13), m = D(14),
+            it = I(15), e3 = D(16)](const std::string& g) {
+      return tensors(fused_layer(p, r, po, c, fn, s, b, w, g, sharded, nt, e0, e1, e2, m, it, e3));
+    };
+  }
+  if (op == "fused_entry") {
+    need(13);
+    return [=, x = T(0), fn = T(1), s = T(2), b = T(3), w = opt(4), sharded = B(6), e0 = D(7),
+            e1 = D(8), e2 = D(9), m = D(10), it = I(11), e3 = D(12)](const std::string& g) {
+      return tensors(fused_entry(x, fn, s, b, w, g, sharded, e0, e1, e2, m, it, e3));
+    };
+  }
+  if (op == "fused_head") {
+    need(12);
+    return [=, p = T(0), r = T(1), po = T(2), c = T(3), fn = T(4), s = T(5), b = T(6),
+            sharded = B(8), nt = I(9), e0 = D(10), e1 = D(11)](const std::string& g) {
+      return tensors(fused_head(p, r, po, c, fn, s, b, g, sharded, nt, e0, e1));
+    };
+  }
+  if (op == "all_gather") {
+    need(3);
+    return [x = T(0), nt = I(2)](const std::string& g) {
+      return std::vector<Tensor>{all_gather(x, g, nt)};
+    };
+  }
+  if (op == "reduce_scatter" || op == "all_reduce") {
+    need(2);
+    const bool scatter = op == "reduce_scatter";
+    return [x = T(0), scatter](const std::string& g) {
+      return std::vector<Tensor>{scatter ? reduce_scatter(x, g) : all_reduce(x, g)};
+    };
+  }
+  TORCH_CHECK_VALUE(false,
+                    "calls: expected fused_layer, fused_entry, fused_head, all_gather, "
+                    "reduce_scatter or all_reduce, got '",
+                    op, "'");
+}
+
+py::list run_world(World& w, const std::vector<std::optional<std::pair<std::string, py::tuple>>>& c,
+                   const std::vector<double>& delays_s) {
+  std::vector<World::Call> calls;
+  for (const auto& item : c) calls.push_back(item ? rank_call(item->first, item->second) : nullptr);
+  std::vector<World::Outcome> out;
+  {
+    const py::gil_scoped_release release;
+    out = w.run(calls, delays_s);
+  }
+  py::list result;
+  for (size_t r = 0; r < out.size(); ++r) {
+    if (!calls[r]) {
+      result.append(py::none());
+    } else if (!out[r].error.empty()) {
+      result.append(out[r].value_error ? py::module_::import("builtins").attr("ValueError")(out[r].error)
+                                       : py::module_::import("builtins").attr("RuntimeError")(out[r].error));
+    } else {
+      result.append(py::tuple(py::cast(out[r].outputs)));
+    }
+  }
+  return result;
+}
+
+py::object error_dict(const symm::ErrorRecord& e) {
+  if (e.code == symm::kNoError) return py::none();
+  static const char* const kCodes[] = {"none", "timeout", "mismatch", "peer_broken"};
+  py::dict d;
+  d["code"] = e.code < 4 ? kCodes[e.code] : "unknown";
+  d["rank"] = e.rank;
+  d["peer"] = e.peer;
+  d["block"] = e.block;
+  d["op"] = e.op;
+  d["phase"] = e.phase;
+  d["epoch"] = e.epoch;
+  d["waited_s"] = static_cast<double>(e.waited_ns) * 1e-9;
+  return std::move(d);
+}
+
+void bind(py::module_& m) {
+  m.def(
+      "configure",
+      [](int sms, int blocks_per_sm, uint64_t seed, double launch_timeout_s) {
+        configure(DeviceConfig{sms, blocks_per_sm, seed, launch_timeout_s});
+      },
+      py::arg("sms") = 4, py::arg("blocks_per_sm") = 2, py::arg("seed") = 1,
+      py::arg("launch_timeout_s") = 120.0,
+      "Sets every emulated device: SMs, resident blocks per SM (the occupancy every kernel "
+      "gets), the seed of the threads' order in a block, and the launch timeout.");
+  m.def("config", [] {
+    const DeviceConfig c = config();
+    py::dict d;
+    d["sms"] = c.sms;
+    d["blocks_per_sm"] = c.blocks_per_sm;
+    d["seed"] = c.seed;
+    d["launch_timeout_s"] = c.launch_timeout_s;
+    return d;
+  });
+  m.def("launches", [] {
+    py::list out;
+    for (const LaunchRecord& r : launches()) {
+      out.append(py::make_tuple(r.grid_x, r.grid_y, r.block_x, r.cooperative));
+    }
+    return out;
+  }, "(grid x, grid y, threads, cooperative) of every launch since reset_launches()");
+  m.def("reset_launches", &reset_launches);
+  m.def("plan_pre", &plan_pre, py::arg("n"), py::arg("mode"), py::arg("T"), py::arg("H"));
+
+  // The math ops: the production entries on the emulated device (schema arguments, CPU tensors).
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("mhc_pre", &mhc_pre, nogil);
+  m.def("mhc_post", &mhc_post, nogil);
+  m.def("mhc_post_pre", &mhc_post_pre, nogil);
+  m.def("mhc_pre_broadcast", &mhc_pre_broadcast, nogil);
+  m.def("hc_head", &hc_head, nogil);
+
+  py::class_<World>(m, "World", "Simulated symm ranks on emulated devices")
+      .def(py::init<int64_t, int64_t, int64_t, double, std::vector<int64_t>>(), py::arg("world"),
+           py::arg("mailbox_slot_bytes"), py::arg("half_bytes"), py::arg("timeout_s"),
+           py::arg("devices") = std::vector<int64_t>{})
+      .def_property_readonly("size", &World::size)
+      .def("group", &World::group, py::arg("rank"))
+      .def("run", &run_world, py::arg("calls"), py::arg("delays_s") = std::vector<double>{},
+           "calls[r]: (op, schema arguments) for rank r, or None for a rank that never "
+           "arrives. One result per rank: its outputs, the exception its call raised, or None.")
+      .def("errors",
+           [](const World& w) {
+             py::list out;
+             for (int64_t r = 0; r < w.size(); ++r) out.append(error_dict(w.workspace(r).error()));
+             return out;
+           })
+      .def(
+          "describe_error",
+          [](const World& w, int64_t rank) {
+            const symm::ErrorRecord e = w.workspace(rank).error();
+            return e.code == symm::kNoError
+                       ? std::string()
+                       : symm::describe_error(e, w.group(rank), w.workspace(rank).timeout_s());
+          },
+          py::arg("rank"));
+}
+
+}  // namespace
+}  // namespace mhc_sp::emulation
+
+PYBIND11_MODULE(_emulated, m) {
+  m.doc() = "mhc_sp's CUDA device code run on the host (an emulated device), for the tests";
+  mhc_sp::register_error_translator();
+  mhc_sp::emulation::bind(m);
+}

@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: Apache-2.0
+// csrc/cuda/mhc_kernels.cu compiled for the emulated device (the same source, not a copy).
+#include "cuda/mhc_kernels.cu"

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// Simulated ranks of a symm group on emulated devices (emulation/world.h), and the group lookup
+// the op entries use in the emulation module (in _C, csrc/transport/registry.cpp has it).
+
+#include "emulation/world.h"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "c10/cuda/CUDAGuard.h"
+#include "transport/symm/communicator.h"
+#include "transport/symm/layout.h"
+
+namespace mhc_sp {
+namespace {
+
+std::mutex groups_mutex;
+std::map<std::string, GroupHandle>& emulated_groups() {
+  static auto* groups = new std::map<std::string, GroupHandle>();
+  return *groups;
+}
+
+}  // namespace
+
+// The emulation module's group_for (mhc_sp/comm.h): emulated groups only, their transport being
+// the rank's symm communicator over CPU tensors (the emulated device's memory).
+GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg) {
+  const std::lock_guard<std::mutex> lock(groups_mutex);
+  const auto it = emulated_groups().find(name);
+  TORCH_CHECK_VALUE(it != emulated_groups().end(), "group: '", name,
+                    "' is not a group of the emulated device");
+  TORCH_CHECK_VALUE(t.is_cpu(), arg, ": the emulated device takes CPU tensors, got ", t.device());
+  return it->second;
+}
+
+namespace emulation {
+
+void register_emulated_group(const std::string& name, GroupHandle handle) {
+  const std::lock_guard<std::mutex> lock(groups_mutex);
+  emulated_groups()[name] = std::move(handle);
+}
+
+void unregister_emulated_group(const std::string& name) {
+  GroupHandle gone;
+  {
+    const std::lock_guard<std::mutex> lock(groups_mutex);
+    auto it = emulated_groups().find(name);
+    if (it == emulated_groups().end()) return;
+    gone = std::move(it->second);
+    emulated_groups().erase(it);
+  }
+}
+
+World::World(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes, double timeout_s,
+             std::vector<int64_t> devices)
+    : devices_(std::move(devices)) {
+  static std::atomic<int64_t> next_world{0};
+  TORCH_CHECK_VALUE(world >= 1 && world <= symm::kMaxRanks, "world: expected 1 to ",
+                    symm::kMaxRanks, " ranks, got ", world);
+  if (devices_.empty()) {
+    for (int64_t r = 0; r < world; ++r) devices_.push_back(r);
+  }
+  TORCH_CHECK_VALUE(static_cast<int64_t>(devices_.size()) == world,
+                    "devices: expected one device per rank (", world, "), got ", devices_.size());
+  for (int64_t d : devices_) {
+    TORCH_CHECK_VALUE(d >= 0 && d < device_count(), "devices: expected emulated devices in [0, ",
+                      device_count(), "), got ", d);
+  }
+  const symm::BufferLayout L = symm::checked_buffer_layout(world, mailbox_slot_bytes, half_bytes);
+  std::vector<int64_t> ptrs;
+  for (int64_t r = 0; r < world; ++r) {
+    buffers_.push_back(at::empty({L.total_bytes}, at::kByte));
+    ptrs.push_back(reinterpret_cast<int64_t>(buffers_.back().data_ptr()));
+  }
+  const int64_t id = next_world++;
+  for (int64_t r = 0; r < world; ++r) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(devices_[r]));
+    auto ws = std::make_unique<symm::SymmWorkspace>(buffers_[r], ptrs, r, world,
+                                                    mailbox_slot_bytes, half_bytes, timeout_s);
+    workspaces_.push_back(ws.get());
+    groups_.push_back("emulated:" + std::to_string(id) + ":" + std::to_string(r));
+    auto comm = std::make_shared<symm::SymmCommunicator>(groups_.back(), std::move(ws), nullptr);
+    register_emulated_group(groups_.back(), GroupHandle{r, world, std::move(comm)});
+  }
+}
+
+World::~World() {
+  for (const std::string& g : groups_) unregister_emulated_group(g);
+}
+
+const symm::SymmWorkspace& World::workspace(int64_t rank) const {
+  TORCH_CHECK_VALUE(rank >= 0 && rank < size(), "rank: expected a value in [0, ", size(),
+                    "), got ", rank);
+  return *workspaces_[rank];
+}
+
+std::vector<World::Outcome> World::run(const std::vector<Call>& calls,
+                                       const std::vector<double>& delays_s) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(calls.size()) == size(), "calls: expected one per rank (",
+                    size(), "), got ", calls.size());
+  TORCH_CHECK_VALUE(delays_s.empty() || static_cast<int64_t>(delays_s.size()) == size(),
+                    "delays: expected none or one per rank");
+  std::vector<Outcome> out(calls.size());
+  std::vector<std::thread> ranks;
+  for (int64_t r = 0; r < size(); ++r) {
+    if (!calls[r]) continue;
+    ranks.emplace_back([&, r] {
+      if (!delays_s.empty() && delays_s[r] > 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(delays_s[r]));
+      }
+      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(devices_[r]));
+      try {
+        out[r].outputs = calls[r](groups_[r]);
+      } catch (const c10::ValueError& e) {
+        out[r].error = e.what_without_backtrace();
+        out[r].value_error = true;
+      } catch (const c10::Error& e) {
+        out[r].error = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        out[r].error = e.what();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+}  // namespace emulation
+}  // namespace mhc_sp
