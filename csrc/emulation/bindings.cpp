@@ -12,6 +12,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "emulation/device.h"
+#include "emulation/selftest.h"
 #include "emulation/world.h"
 #include "mhc_sp/cuda/launch.cuh"
 #include "mhc_sp/ops.h"
@@ -186,6 +187,15 @@ void bind(py::module_& m) {
   m.def("mhc_post_pre", &mhc_post_pre, nogil);
   m.def("mhc_pre_broadcast", &mhc_pre_broadcast, nogil);
   m.def("hc_head", &hc_head, nogil);
+
+  // Checks of the emulated device itself (emulation/selftest.h).
+  m.def("selftest_shfl", &selftest_shfl, py::arg("lane_mask"), nogil);
+  m.def("selftest_neighbours", &selftest_neighbours, py::arg("threads"), py::arg("barrier"), nogil);
+  m.def("selftest_divergent_barrier", &selftest_divergent_barrier, nogil);
+  m.def("selftest_partial_warp", &selftest_partial_warp, nogil);
+  m.def("selftest_mma", &selftest_mma, py::arg("a"), py::arg("b"), nogil);
+  m.def("selftest_chain", &selftest_chain, py::arg("blocks"), py::arg("wait_for_later"),
+        py::arg("cooperative") = false, nogil);
 
   py::class_<World>(m, "World", "Simulated symm ranks on emulated devices")
       .def(py::init<int64_t, int64_t, int64_t, double, std::vector<int64_t>>(), py::arg("world"),

@@ -29,6 +29,14 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+// A fiber's first function, and (x86-64) the stack switch and the start of a fresh stack, in
+// assembly below.
+extern "C" {
+__attribute__((visibility("hidden"))) void mhc_sp_emulation_fiber_main();
+__attribute__((visibility("hidden"))) void mhc_sp_emulation_switch(void** save_sp, void* next_sp);
+__attribute__((visibility("hidden"))) void mhc_sp_emulation_fiber_start();
+}
+
 struct CUstream_st {
   int device;
 };
@@ -104,12 +112,79 @@ void release_slots(Device& d, int n) {
   d.cv.notify_all();
 }
 
+// ---- stack switching ------------------------------------------------------------------------------
+// On x86-64 a switch saves the callee-saved registers on the old stack and moves to the new one
+// (what a function call must preserve: the kernels' fibers switch only inside calls); elsewhere
+// ucontext, whose swapcontext also saves the signal mask with a system call on every switch.
+
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+
+asm(R"(
+  .text
+  .p2align 4
+  .hidden mhc_sp_emulation_switch
+  .type mhc_sp_emulation_switch, @function
+mhc_sp_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size mhc_sp_emulation_switch, .-mhc_sp_emulation_switch
+  .hidden mhc_sp_emulation_fiber_start
+  .type mhc_sp_emulation_fiber_start, @function
+mhc_sp_emulation_fiber_start:
+  andq $-16, %rsp
+  call mhc_sp_emulation_fiber_main
+  ud2
+  .size mhc_sp_emulation_fiber_start, .-mhc_sp_emulation_fiber_start
+)");
+
+void switch_context(Context& from, const Context& to) { mhc_sp_emulation_switch(&from.sp, to.sp); }
+
+// A fresh context that starts in mhc_sp_emulation_fiber_main on `stack`.
+void make_context(Context& c, void* stack, size_t size) {
+  auto* top = reinterpret_cast<uintptr_t*>((reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15));
+  *--top = 0;  // keeps the start's stack as a call would leave it
+  *--top = reinterpret_cast<uintptr_t>(&mhc_sp_emulation_fiber_start);  // where `ret` goes
+  for (int r = 0; r < 6; ++r) *--top = 0;  // rbp, rbx, r12-r15
+  c.sp = top;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+
+void switch_context(Context& from, const Context& to) { swapcontext(&from.uc, &to.uc); }
+
+void make_context(Context& c, void* stack, size_t size) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, mhc_sp_emulation_fiber_main, 0);
+}
+#endif
+
 // ---- fibers ---------------------------------------------------------------------------------------
 
 enum class Wait { kReady, kBarrier, kWarp, kDone, kAbandoned };
 
 struct Fiber {
-  ucontext_t ctx;
+  Context ctx;
   uint3 thread_idx;
   Wait wait = Wait::kReady;
   const char* file = nullptr;  // where it waits
@@ -137,7 +212,7 @@ struct Block {
   LaunchState* launch = nullptr;
   std::vector<Fiber>* fibers = nullptr;
   int threads = 0, live = 0;
-  ucontext_t scheduler;
+  Context scheduler;
   Fiber* running = nullptr;
   int bar_arrived = 0, bar_or = 0, bar_line = 0;
   const char* bar_file = nullptr;
@@ -201,7 +276,7 @@ void to_scheduler(Fiber& f, bool dying = false) {
   Block& b = *this_block_state;
   before_switch(dying ? nullptr : &f.asan_fake_stack, b.scheduler_stack, b.scheduler_stack_size,
                 b.scheduler_tsan_fiber);
-  swapcontext(&f.ctx, &b.scheduler);
+  switch_context(f.ctx, b.scheduler);
   after_switch(f.asan_fake_stack, &b.scheduler_stack, &b.scheduler_stack_size);
 }
 
@@ -213,6 +288,7 @@ void to_scheduler(Fiber& f, bool dying = false) {
   std::abort();  // never resumed
 }
 
+// The first code a fiber runs (mhc_sp_emulation_fiber_main below enters here).
 void fiber_main() {
   Block& b = *this_block_state;
   Fiber& f = *b.running;
@@ -237,7 +313,7 @@ void run_fiber(Block& b, Fiber& f) {
   b.running = &f;
   threadIdx = f.thread_idx;
   before_switch(&b.scheduler_fake_stack, f.stack, kFiberStack, f.tsan_fiber);
-  swapcontext(&b.scheduler, &f.ctx);
+  switch_context(b.scheduler, f.ctx);
   after_switch(b.scheduler_fake_stack, nullptr, nullptr);
 }
 
@@ -319,11 +395,7 @@ void run_block(LaunchState& L, FiberPool& pool, uint64_t index) {
 #if defined(__SANITIZE_THREAD__)
     f.tsan_fiber = __tsan_create_fiber(0);
 #endif
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kFiberStack;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_main, 0);
+    make_context(f.ctx, f.stack, kFiberStack);
   }
   // Passes over the ready threads, alternating direction and rotating the start, so that neither
   // order hides a missing barrier.
@@ -617,6 +689,10 @@ cudaError_t record_launch_error(const std::string& what) {
 }
 
 }  // namespace mhc_sp::emulation
+
+extern "C" void mhc_sp_emulation_fiber_main() {
+  mhc_sp::emulation::fiber_main();
+}
 
 // ---- the runtime API subset ---------------------------------------------------------------------
 

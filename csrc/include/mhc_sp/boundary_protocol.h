@@ -243,10 +243,34 @@ MHC_SP_HOST_DEVICE inline uint32_t load_broken(const uint32_t* p) {
 #endif
 }
 
+// SegmentHeader::blamed (rule 6): why (a Fault) and 1 + the rank at fault, in one word.
+MHC_SP_HOST_DEVICE constexpr uint32_t blame_word(int64_t culprit, Fault why) {
+  return (static_cast<uint32_t>(why) << 16) | static_cast<uint32_t>(culprit + 1);
+}
+MHC_SP_HOST_DEVICE constexpr Fault blamed_fault(uint32_t word) {
+  return static_cast<Fault>(word >> 16);
+}
+MHC_SP_HOST_DEVICE constexpr int64_t blamed_rank(uint32_t word) {
+  return static_cast<int64_t>(word & 0xffffu) - 1;
+}
+
+// The first blame is the one recorded (like `broken`); stored before `broken`, so that a rank that
+// sees the workspace broken (and then fences) also sees why.
+MHC_SP_HOST_DEVICE inline void blame(uint32_t* p, uint32_t word) {
+#if defined(__CUDA_ARCH__)
+  atomicCAS_system(p, 0u, word);
+#else
+  uint32_t expected = 0;
+  __atomic_compare_exchange_n(p, &expected, word, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+#endif
+}
+
 // The first rank to break the workspace is the one recorded. On the device `p` may be a peer
-// GPU's memory, so the CAS is system-scoped.
+// GPU's memory, so the CAS is system-scoped; the fence before it orders what this rank stored
+// first (its header or tag, the blame) before the word that makes every waiter look.
 MHC_SP_HOST_DEVICE inline void mark_broken(uint32_t* p, uint32_t rank) {
 #if defined(__CUDA_ARCH__)
+  __threadfence_system();
   atomicCAS_system(p, 0u, rank + 1);
   __threadfence_system();
 #else

@@ -217,15 +217,9 @@ void unlink_quietly(const std::string& name) {
   if (!name.empty()) ::shm_unlink(name.c_str());  // ENOENT: rank 0 or a peer already did
 }
 
-uint32_t blamed_word(int64_t culprit, bp::Fault why) {
-  return (static_cast<uint32_t>(why) << 16) | static_cast<uint32_t>(culprit + 1);
-}
-
 // The first rank to blame a peer is the one recorded (like `broken`, rule 6).
 void mark_broken(bp::SegmentHeader* h, int64_t rank, int64_t culprit, bp::Fault why) {
-  uint32_t expected = 0;
-  __atomic_compare_exchange_n(&h->blamed, &expected, blamed_word(culprit, why), false,
-                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  bp::blame(&h->blamed, bp::blame_word(culprit, why));
   bp::mark_broken(&h->broken, static_cast<uint32_t>(rank));
 }
 
@@ -304,9 +298,9 @@ Workspace::~Workspace() {
 
 std::string Workspace::blame() const {
   const uint32_t word = __atomic_load_n(&seg_.header()->blamed, __ATOMIC_RELAXED);
-  const int64_t culprit = static_cast<int64_t>(word & 0xffff) - 1;
+  const int64_t culprit = bp::blamed_rank(word);
   if (culprit < 0 || culprit >= world_) return "";
-  switch (static_cast<bp::Fault>(word >> 16)) {
+  switch (bp::blamed_fault(word)) {
     case bp::Fault::kExited: return c10::str("rank ", culprit, " exited or left the workspace");
     case bp::Fault::kTimedOut:
       return c10::str("rank ", culprit, " did not arrive within ", timeout_.count() / 1000.0, " s");

@@ -219,7 +219,7 @@ __device__ __forceinline__ bool lamport_tags_match(const RankView& s, int64_t ma
     } else if (!(m == Mail<8>::of(tag))) {
       record_error(s, symm::kMismatch, p, static_cast<int>(blockIdx.x), op, symm::kPhaseMailbox,
                    call, 0);
-      break_workspace(s);
+      break_workspace(s, p);
       failed = true;
     }
   }

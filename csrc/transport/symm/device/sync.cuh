@@ -90,10 +90,36 @@ __device__ __forceinline__ void record_error(const RankView& s, uint32_t code, i
   __threadfence_system();
 }
 
+__device__ __forceinline__ uint32_t* blamed_word(uint8_t* buffer) {
+  return &reinterpret_cast<boundary::SegmentHeader*>(buffer)->blamed;
+}
+
 // Marks every rank's buffer broken (this rank recorded first), so that every waiter of every rank
-// gives up at once instead of waiting out its own timeout.
-__device__ __forceinline__ void break_workspace(const RankView& s) {
+// gives up at once instead of waiting out its own timeout. A mismatch blames its culprit first
+// (rule 6), so that every rank reports the same mismatch, also one that finds the workspace broken
+// before it has seen the culprit's header or tag itself.
+__device__ __forceinline__ void break_workspace(const RankView& s, int mismatch_culprit = -1) {
+  if (mismatch_culprit >= 0) {
+    const uint32_t word = boundary::blame_word(mismatch_culprit, boundary::Fault::kMismatch);
+    for (int p = 0; p < s.world; ++p) boundary::blame(blamed_word(s.peers[p]), word);
+  }
   for (int p = 0; p < s.world; ++p) boundary::mark_broken(broken_word(s.peers[p]), s.rank);
+}
+
+// What a rank records when it finds the workspace broken (`broken` = 1 + the rank that broke it):
+// the mismatch that rank found, naming the same culprit, or that the rank broke it.
+__device__ __forceinline__ void record_broken(const RankView& s, uint32_t broken, int block,
+                                              uint32_t op, uint32_t phase, uint64_t epoch,
+                                              uint64_t waited_ns) {
+  fence_acq_rel_sys();  // the blame was stored before the broken word
+  const uint32_t blamed = boundary::load_broken(blamed_word(own_buffer(s)));
+  if (boundary::blamed_fault(blamed) == boundary::Fault::kMismatch) {
+    record_error(s, symm::kMismatch, static_cast<int>(boundary::blamed_rank(blamed)), block, op,
+                 phase, epoch, waited_ns);
+  } else {
+    record_error(s, symm::kPeerBroken, static_cast<int>(broken) - 1, block, op, phase, epoch,
+                 waited_ns);
+  }
 }
 
 // Where a wait happens, for the error record.
@@ -114,8 +140,7 @@ __device__ __forceinline__ bool wait_until(const RankView& s, const WaitSite& w,
     if ((spin & 63u) == 0u) {
       const uint32_t broken = boundary::load_broken(broken_word(own_buffer(s)));
       if (broken != 0) {
-        record_error(s, symm::kPeerBroken, static_cast<int>(broken) - 1, w.block, w.op, w.phase,
-                     w.epoch, globaltimer_ns() - t0);
+        record_broken(s, broken, w.block, w.op, w.phase, w.epoch, globaltimer_ns() - t0);
         return false;
       }
       const uint64_t waited = globaltimer_ns() - t0;
@@ -129,7 +154,8 @@ __device__ __forceinline__ bool wait_until(const RankView& s, const WaitSite& w,
 }
 
 // Whether the call must be refused because the workspace is already broken: the same answer for
-// the whole block (one load, shared). Block 0 records kPeerBroken, naming the rank that broke it.
+// the whole block (one load, shared). Block 0 records why (record_broken): kPeerBroken naming the
+// rank that broke it, or the mismatch that broke it, when this is the call that mismatched.
 __device__ __forceinline__ bool refused(const RankView& s, uint32_t op, uint64_t call) {
   __shared__ uint32_t broken;
   if (threadIdx.x == 0) broken = boundary::load_broken(broken_word(own_buffer(s)));
@@ -137,7 +163,7 @@ __device__ __forceinline__ bool refused(const RankView& s, uint32_t op, uint64_t
   const uint32_t b = broken;
   __syncthreads();  // `broken` may be reused by the next call of this function
   if (b != 0 && blockIdx.x == 0 && threadIdx.x == 0) {
-    record_error(s, symm::kPeerBroken, static_cast<int>(b) - 1, 0, op, symm::kPhaseStart, call, 0);
+    record_broken(s, b, 0, op, symm::kPhaseStart, call, 0);
   }
   return b != 0;
 }
@@ -188,7 +214,7 @@ __device__ __forceinline__ bool block_barrier(const RankView& s, int block, uint
       failed = true;
     } else if (check_half != nullptr && !header_matches(mine, check_half, p)) {
       record_error(s, symm::kMismatch, p, block, op, phase, epoch, 0);
-      break_workspace(s);
+      break_workspace(s, p);
       failed = true;
     }
   }

@@ -1,0 +1,317 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The symm transport's kernels on emulated devices: simulated ranks (mhc_sp._emulated.World),
+each with its own device, buffer, workspace and communicator, each calling the production op
+entries (fused_layer, fused_entry, fused_head, all_reduce, reduce_scatter, all_gather) on its own
+host thread, as the ranks of a node do. Worlds of 2, 3, 4 and 8, token counts 1, tp - 1, tp + 1,
+17 and 37, several calls in a row on one workspace (call counters, epochs, halves and mailboxes
+re-armed and reused) switching between the Lamport boundary and the sharded one. Every output is
+bitwise what the emulated mhc_post_pre (and mhc_pre, mhc_post, hc_head) gives for the fp32
+rank-order sum of the partials (mhc_sp.reference.sum_partials); small cases also match
+mhc_sp.reference at the contract's tolerances. Then the failures: an absent rank, a late one, a
+mismatched call, a call on a broken workspace."""
+
+import time
+
+import pytest
+import torch
+
+from mhc_sp import _C
+from mhc_sp import reference as R
+from mhc_sp.config import MhcConfig
+from mhc_sp.testing import (
+    EMULATED_MODULE_MISSING,
+    assert_close,
+    head_weights,
+    load_emulated_module,
+    pre_weights,
+    random_inputs,
+)
+
+E = load_emulated_module()
+pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
+
+N = 4  # hc_mult: V4's
+H = 96  # three 32-wide chunks of the projection: several split-K blocks per token tile
+CFG = MhcConfig()
+C = _C.symm_constants()
+
+
+@pytest.fixture(autouse=True)
+def device():
+    E.configure(sms=4, blocks_per_sm=2, seed=5)
+    yield
+    E.configure()
+
+
+def world(tp, timeout=10.0, devices=()):
+    return E.World(tp, C["default_mailbox_slot_bytes"], 1 << 20, timeout, list(devices))
+
+
+def bits(t):
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def expect_bitwise(name, got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape)
+    bad = int((bits(got) != bits(want)).sum())
+    assert bad == 0, f"{name}: {bad} of {got.numel()} elements differ bitwise"
+
+
+def outputs(results):
+    """Every rank's outputs; an exception a rank's call raised is raised here."""
+    for r, out in enumerate(results):
+        if isinstance(out, Exception):
+            raise AssertionError(f"rank {r}: {type(out).__name__}: {out}")
+    return results
+
+
+def no_errors(w):
+    errors = [e for e in w.errors() if e is not None]
+    assert not errors, f"errors recorded: {errors}"
+
+
+def all_nan(t):
+    return bool(torch.isnan(t.float()).all())
+
+
+class Boundary:
+    """One fused_layer (or fused_head) call of tp ranks: shared pre weights, and per rank its own
+    partial (T + 2 rows, garbage past T), stream, post and comb (replicated: all T rows; sharded:
+    the rank's shard of its own full stream, padding rows zero)."""
+
+    def __init__(self, tp, T, sharded, seed, zeros=False):
+        self.tp, self.T, self.sharded = tp, T, sharded
+        self.w = random_inputs(T, N, H, seed=seed)
+        g = torch.Generator().manual_seed(seed + 1)
+        self.partials, self.streams = [], []
+        for r in range(tp):
+            own = random_inputs(T, N, H, seed=seed + 10 + r)
+            p = torch.randn(T + 2, H, generator=g).to(torch.bfloat16)
+            p[T:] = 1e4  # rows past num_tokens must be ignored
+            if zeros:  # -0 is the mailbox's empty marker: it must be sent as +0
+                p[:T, :16] = -0.0
+            self.partials.append(p)
+            self.streams.append([self.mine(own[k], r) for k in ("residual", "post", "comb")])
+
+    def mine(self, full, r):
+        return R.shard_tokens(full, r, self.tp).contiguous() if self.sharded else full
+
+    def shard(self):
+        return -(-self.T // self.tp) if self.sharded else self.T
+
+    def valid(self, r):
+        return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
+
+    def layer_call(self, r):
+        args = (self.partials[r], *self.streams[r], *pre_weights(self.w), None, self.sharded, self.T)
+        return ("fused_layer", (*args, *CFG.scalars()))
+
+    def head_call(self, r):
+        args = (self.partials[r], *self.streams[r], *head_weights(self.w), None, self.sharded)
+        return ("fused_head", (*args, self.T, CFG.rms_eps, CFG.hc_eps))
+
+    def x(self, r):
+        """Rank r's rows of the reduced sublayer output."""
+        x = R.sum_partials([p[: self.T] for p in self.partials])
+        return (R.shard_tokens(x, r, self.tp) if self.sharded else x)[: self.valid(r)]
+
+    def rows(self, r):
+        v = self.valid(r)
+        return [t[:v].contiguous() for t in self.streams[r]]
+
+    def check_layer(self, outs, reference=False):
+        gathered = []
+        for r, out in enumerate(outs):
+            v = self.valid(r)
+            want = E.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), *CFG.scalars())
+            for name, got, w in zip(("residual_out", "post", "comb"), out[:3], want[:3]):
+                expect_bitwise(f"rank {r} {name}", got[:v], w)
+                assert int(torch.count_nonzero(got[v:])) == 0, f"rank {r} {name} padding rows"
+            own = E.mhc_pre(out[0][:v].contiguous(), *pre_weights(self.w), *CFG.scalars())
+            for name, got, w in zip(("post", "comb"), out[1:3], own[:2]):
+                expect_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
+            gathered.append(want[3])
+            if not self.sharded:
+                expect_bitwise(f"rank {r} layer_input", out[3], want[3])
+            if reference and v:
+                ref = R.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), CFG)
+                assert_close(out[0][:v], ref[0], f"rank {r} residual_out")
+                start = r * self.shard() if self.sharded else 0
+                assert_close(out[3][start : start + v], ref[3], f"rank {r} layer_input")
+        if self.sharded:
+            for r, out in enumerate(outs):
+                expect_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
+
+    def check_head(self, outs):
+        hidden = []
+        for r, out in enumerate(outs):
+            v = self.valid(r)
+            stream = E.mhc_post(self.x(r), *self.rows(r))
+            expect_bitwise(f"rank {r} residual_out", out[1][:v], stream)
+            assert int(torch.count_nonzero(out[1][v:])) == 0
+            hidden.append(E.hc_head(stream, *head_weights(self.w), CFG.rms_eps, CFG.hc_eps))
+        for r, out in enumerate(outs):
+            want = torch.cat(hidden) if self.sharded else hidden[r]
+            expect_bitwise(f"rank {r} hidden", out[0], want)
+
+
+def token_counts(tp):
+    return sorted({1, max(1, tp - 1), tp + 1, 17, 37})
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_fused_layer_calls_in_a_row(tp):
+    """Per token count: sharded, replicated, sharded again on one workspace, so that every call
+    uses the other half or the next mailbox and the re-armed slots of two calls before; the
+    replicated calls of up to 16 tokens take the Lamport boundary, the others the composed path
+    over the symm collectives."""
+    w = world(tp)
+    for T in token_counts(tp):
+        for k, sharded in enumerate((True, False, True)):
+            b = Boundary(tp, T, sharded, seed=1000 * tp + 10 * T + k, zeros=k == 1)
+            b.check_layer(outputs(w.run([b.layer_call(r) for r in range(tp)])), reference=T <= 2)
+    no_errors(w)
+
+
+def test_the_boundaries_take_the_kernels_they_are_meant_to():
+    tp = 4
+    w = world(tp)
+    for T, sharded, grids in ((5, False, 1), (5, True, 2)):  # Lamport: one kernel; sharded: A + B
+        b = Boundary(tp, T, sharded, seed=T)
+        E.reset_launches()
+        outputs(w.run([b.layer_call(r) for r in range(tp)]))
+        assert len(E.launches()) == grids * tp, E.launches()
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_fused_entry_and_head(tp, sharded):
+    w = world(tp)
+    for T in (1, tp + 1, 17):
+        inp = random_inputs(T, N, H, seed=T + tp)
+        entry = ("fused_entry", (inp["x"], *pre_weights(inp), None, sharded, *CFG.scalars()))
+        outs = outputs(w.run([entry] * tp))
+        full = E.mhc_pre_broadcast(inp["x"], *pre_weights(inp), *CFG.scalars())
+        for r, out in enumerate(outs):
+            mine = (lambda t: R.shard_tokens(t, r, tp)) if sharded else (lambda t: t)  # noqa: E731
+            for name, got, want in zip(("residual", "post", "comb"), out[:3], full[:3]):
+                expect_bitwise(f"rank {r} entry {name}", got, mine(want))
+            expect_bitwise(f"rank {r} entry layer_input", out[3], full[3])
+        b = Boundary(tp, T, sharded, seed=T + 7)
+        b.check_head(outputs(w.run([b.head_call(r) for r in range(tp)])))
+    no_errors(w)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 8])
+def test_collectives(tp):
+    w = world(tp)
+    g = torch.Generator().manual_seed(tp)
+    # all_reduce through the mailbox (3 rows) and the exchange (more rows than a slot holds, not a
+    # multiple of the world: the last owners' shards are short).
+    for rows in (3, 2 * C["default_mailbox_slot_bytes"] // (2 * H) + 3):
+        xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
+        for x in xs:
+            x[:, :16] = -0.0
+        for r, out in enumerate(outputs(w.run([("all_reduce", (x, None)) for x in xs]))):
+            expect_bitwise(f"all_reduce rows {rows} rank {r}", out[0], R.sum_partials(xs))
+    rows = 5 * tp + 3
+    xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
+    for r, out in enumerate(outputs(w.run([("reduce_scatter", (x, None)) for x in xs]))):
+        expect_bitwise(f"reduce_scatter rank {r}", out[0], R.shard_tokens(R.sum_partials(xs), r, tp))
+    xs = [torch.randn(7, H // 2, generator=g) for _ in range(tp)]  # fp32 rows
+    for keep in (7 * tp - 3, -1):
+        want = torch.cat(xs)[: keep if keep >= 0 else None]
+        for r, out in enumerate(outputs(w.run([("all_gather", (x, None, keep)) for x in xs]))):
+            expect_bitwise(f"all_gather keep {keep} rank {r}", out[0], want)
+    no_errors(w)
+
+
+# ---- failures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_absent_rank_times_out_then_every_call_is_refused(tp, sharded):
+    timeout = 0.2
+    w = world(tp, timeout=timeout)
+    b = Boundary(tp, 2 * tp + 1 if sharded else 16, sharded, seed=60)
+    absent = tp - 1
+    calls = [b.layer_call(r) if r != absent else None for r in range(tp)]
+    t = time.monotonic()
+    outs = outputs(w.run(calls))
+    first = time.monotonic() - t
+    errors = w.errors()
+    assert errors[absent] is None, errors
+    assert all(errors[r] is not None for r in range(tp) if r != absent), errors
+    named = [e for e in errors if e and e["code"] == "timeout" and e["peer"] == absent]
+    assert named, f"no rank recorded a timeout naming rank {absent}: {errors}"
+    assert f"waiting for rank {absent}" in w.describe_error(named[0]["rank"])
+    for r, out in enumerate(outs):  # every output of a failed call is NaN, none uninitialised
+        if r != absent:
+            assert all(all_nan(t_) for t_ in out), r
+    # The absent rank arrives now: its kernels find the workspace broken, record the refusal
+    # (naming the rank that broke it) and return NaN.
+    (late,) = [out for r, out in enumerate(w.run([b.layer_call(r) if r == absent else None
+                                                  for r in range(tp)])) if r == absent]
+    assert not isinstance(late, Exception) and all(all_nan(t_) for t_ in late)
+    rec = w.errors()[absent]
+    assert rec["code"] == "peer_broken" and rec["peer"] != absent and rec["phase"] == 3, rec
+    assert "refused the call" in w.describe_error(absent)
+    # Every rank's next eager op raises, naming the peer.
+    for r, out in enumerate(w.run([b.layer_call(r) for r in range(tp)])):
+        assert isinstance(out, RuntimeError) and "rank" in str(out), (r, out)
+    assert first < 20 * timeout + 5, first
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_late_rank_within_the_timeout_gives_the_right_result(sharded):
+    tp = 3
+    w = world(tp, timeout=10.0)
+    b = Boundary(tp, 5, sharded, seed=70)
+    outs = outputs(w.run([b.layer_call(r) for r in range(tp)], delays_s=[0.0, 0.3, 0.0]))
+    b.check_layer(outs)
+    no_errors(w)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_mismatched_call_is_reported_by_every_rank(sharded):
+    tp = 3
+    w = world(tp, timeout=5.0)
+    b = Boundary(tp, 7, sharded, seed=80)
+    outputs(w.run([b.layer_call(r) for r in range(tp)]))  # a good call first
+    calls = [b.layer_call(r) for r in range(tp)]
+    calls[1] = Boundary(tp, 5, sharded, seed=81).layer_call(1)  # 5 tokens where the others have 7
+    outs = w.run(calls)
+    errors = w.errors()
+    assert all(e is not None and e["code"] == "mismatch" for e in errors), errors
+    for out in outs:
+        assert not isinstance(out, Exception) and all(all_nan(t_) for t_ in out)
+
+
+def test_a_mismatched_op_is_reported_by_every_rank():
+    tp = 2
+    w = world(tp, timeout=5.0)
+    b = Boundary(tp, 9, True, seed=90)
+    x = torch.ones(9, H, dtype=torch.bfloat16)
+    outs = w.run([b.layer_call(0), ("reduce_scatter", (x, None))])
+    errors = w.errors()
+    assert all(e is not None and e["code"] == "mismatch" for e in errors), errors
+    assert all(not isinstance(o, Exception) for o in outs)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_a_collective_on_a_broken_workspace_is_nan(op):
+    """Rank 1 never arrives at an all_reduce, so rank 0 breaks the workspace; rank 1 then calls
+    `op`: its kernels refuse it (kPeerBroken naming rank 0) and its output is NaN; its next eager
+    op raises."""
+    tp = 2
+    w = world(tp, timeout=0.2)
+    x = torch.ones(40, H, dtype=torch.bfloat16)
+    w.run([("all_reduce", (x, None)), None])
+    args = (x, None, -1) if op == "all_gather" else (x, None)
+    (_, out) = w.run([None, (op, args)])
+    assert not isinstance(out, Exception) and all_nan(out[0]), out
+    rec = w.errors()[1]
+    assert rec["code"] == "peer_broken" and rec["peer"] == 0, rec
+    (_, again) = w.run([None, (op, args)])
+    assert isinstance(again, RuntimeError) and "refused the call" in str(again), again
