@@ -16,10 +16,10 @@ Switches (environment):
                            bindings and the single-GPU symm harness) and mhc_sp._emulated (the CUDA
                            device code run on the host, docs/emulation.md); scripts/bootstrap.sh
                            and bench/gpu_check.sh set 1
-  MHC_SP_SANITIZE=address,undefined
-                           build the C++ (CPU kernels, transports, ops) with these sanitizers, in a
-                           build folder of its own; scripts/sanitize.sh installs such a build
-                           beside the normal one and runs tests under it
+  MHC_SP_SANITIZE=address,undefined (or thread)
+                           build the C++ (CPU kernels, transports, ops, the emulated device) with
+                           these sanitizers, in a build folder of its own; scripts/sanitize.sh
+                           installs such a build beside the normal one and runs tests under it
 """
 
 import os
@@ -90,8 +90,8 @@ def _cuda_architectures(arch_list):
     return ";".join(item.replace("+PTX", "").replace(".", "") for item in _arch_items(arch_list))
 
 
-#: What MHC_SP_SANITIZE may name (compiler -fsanitize= values).
-SANITIZERS = ("address", "undefined", "leak")
+#: What MHC_SP_SANITIZE may name (compiler -fsanitize= values; thread alone, the others together).
+SANITIZERS = ("address", "undefined", "leak", "thread")
 
 
 def _sanitizers():
@@ -102,6 +102,8 @@ def _sanitizers():
         raise RuntimeError(
             f"MHC_SP_SANITIZE: expected a comma list of {', '.join(SANITIZERS)}, got {unknown}"
         )
+    if "thread" in items and len(set(items)) > 1:
+        raise RuntimeError("MHC_SP_SANITIZE: thread cannot be combined with another sanitizer")
     return ",".join(sorted(set(items)))
 
 

@@ -169,7 +169,8 @@ step cubin_gate "$T_GATE" "$PY" -m pytest -q -ra --junitxml="$WORK/cubin_gate.xm
   tests/cuda/test_cubins.py
 
 # 2. the CUDA op tests
-tests=(tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_invariance.py tests/cuda/test_nccl.py)
+tests=(tests/cuda/test_cuda_ops.py tests/cuda/test_cuda_invariance.py tests/cuda/test_nccl.py
+  tests/cuda/test_cuda_vs_emulation.py)
 step cuda_tests "$T_TESTS" "$PY" -m pytest -q -ra --junitxml="$WORK/cuda_tests.xml" "${tests[@]}"
 
 # 3. the symm transport's correctness: simulated ranks and the production launch, then two

@@ -31,7 +31,9 @@ using OptTensor = std::optional<Tensor>;
 py::dict plan_pre(int64_t n, const std::string& mode, int64_t T, int64_t H) {
   TORCH_CHECK_VALUE(T >= 1 && H >= 1, "T, H: expected positive sizes, got ", T, ", ", H);
   cuda::PrePlan p{};
-  const int sms = config().sms;
+  int device = 0;
+  cudaGetDevice(&device);
+  const int sms = device_sms(device);
   dispatch_hc_mult(n, [&](auto n_const) {
     constexpr int N = decltype(n_const)::value;
     if (mode == "pre") {
@@ -75,8 +77,8 @@ World::Call rank_call(const std::string& op, const py::tuple& a) {
   if (op == "fused_layer") {
     need(17);
     return [=, p = T(0), r = T(1), po = T(2), c = T(3), fn = T(4), s = T(5), b = T(6), w = opt(7),
-            sharded = B(9), nt = I(10), e0 = D(11), e1 = D(12), e2 = D(13), m = D(14),
-            it = I(15), e3 = D(16)](const std::string& g) {
+            sharded = B(9), nt = I(10), e0 = D(11), e1 = D(12), e2 = D(13), m = D(14), it = I(15),
+            e3 = D(16)](const std::string& g) {
       return tensors(fused_layer(p, r, po, c, fn, s, b, w, g, sharded, nt, e0, e1, e2, m, it, e3));
     };
   }
@@ -127,8 +129,9 @@ py::list run_world(World& w, const std::vector<std::optional<std::pair<std::stri
     if (!calls[r]) {
       result.append(py::none());
     } else if (!out[r].error.empty()) {
-      result.append(out[r].value_error ? py::module_::import("builtins").attr("ValueError")(out[r].error)
-                                       : py::module_::import("builtins").attr("RuntimeError")(out[r].error));
+      result.append(out[r].value_error
+                        ? py::module_::import("builtins").attr("ValueError")(out[r].error)
+                        : py::module_::import("builtins").attr("RuntimeError")(out[r].error));
     } else {
       result.append(py::tuple(py::cast(out[r].outputs)));
     }
@@ -161,6 +164,9 @@ void bind(py::module_& m) {
       py::arg("launch_timeout_s") = 120.0,
       "Sets every emulated device: SMs, resident blocks per SM (the occupancy every kernel "
       "gets), the seed of the threads' order in a block, and the launch timeout.");
+  m.def("configure_device", &configure_device, py::arg("device"), py::arg("sms"),
+        py::arg("blocks_per_sm"),
+        "Gives one emulated device another size (until the next configure()).");
   m.def("config", [] {
     const DeviceConfig c = config();
     py::dict d;
@@ -170,14 +176,26 @@ void bind(py::module_& m) {
     d["launch_timeout_s"] = c.launch_timeout_s;
     return d;
   });
-  m.def("launches", [] {
-    py::list out;
-    for (const LaunchRecord& r : launches()) {
-      out.append(py::make_tuple(r.grid_x, r.grid_y, r.block_x, r.cooperative));
-    }
-    return out;
-  }, "(grid x, grid y, threads, cooperative) of every launch since reset_launches()");
+  m.def(
+      "launches",
+      [] {
+        py::list out;
+        for (const LaunchRecord& r : launches()) {
+          out.append(py::make_tuple(r.grid_x, r.grid_y, r.block_x, r.cooperative));
+        }
+        return out;
+      },
+      "(grid x, grid y, threads, cooperative) of every launch since reset_launches()");
   m.def("reset_launches", &reset_launches);
+  m.def(
+      "events",
+      [] {
+        py::list out;
+        for (const EventRecord& e : events()) out.append(py::make_tuple(e.device, e.what, e.event));
+        return out;
+      },
+      "(device, 'wait' or 'record', event id) of every event operation since reset_events()");
+  m.def("reset_events", &reset_events);
   m.def("plan_pre", &plan_pre, py::arg("n"), py::arg("mode"), py::arg("T"), py::arg("H"));
 
   // The math ops: the production entries on the emulated device (schema arguments, CPU tensors).

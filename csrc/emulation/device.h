@@ -78,6 +78,11 @@ struct DeviceConfig {
 };
 void configure(const DeviceConfig& c);  // every device; no launch may run meanwhile
 DeviceConfig config();
+// One device of another size (after configure(), which resets every device): a rank whose GPU
+// differs from its peers' (MIG, MPS shares, mixed SKUs).
+void configure_device(int device, int sms, int blocks_per_sm);
+int device_sms(int device);
+int device_blocks_per_sm(int device);
 int device_count();
 
 // A kernel launch: `body` is run by every thread of every block. `device`: which emulated device
@@ -95,5 +100,15 @@ struct LaunchRecord {
 };
 std::vector<LaunchRecord> launches();
 void reset_launches();
+
+// The event operations on the emulated streams since the last reset (the order of the symm calls
+// on a device is made of them): which device, "wait" or "record", which event (an id per event).
+struct EventRecord {
+  int device;
+  const char* what;
+  uint64_t event;
+};
+std::vector<EventRecord> events();
+void reset_events();
 
 }  // namespace mhc_sp::emulation

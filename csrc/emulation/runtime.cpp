@@ -42,7 +42,7 @@ struct CUstream_st {
 };
 
 struct CUevent_st {
-  int recorded;
+  uint64_t id;
 };
 
 thread_local uint3 threadIdx;
@@ -73,6 +73,7 @@ uint64_t now_ns() {
 struct Device {
   std::mutex m;
   std::condition_variable cv;
+  int sms = 0, blocks_per_sm = 0;  // this device's size (configure, configure_device)
   int free_slots = 0;
   int running_launches = 0;
 };
@@ -83,11 +84,17 @@ Device devices[kMaxDevices];
 CUstream_st streams[kMaxDevices];
 std::mutex launches_mutex;
 std::vector<LaunchRecord> launch_log;
+std::vector<EventRecord> event_log;
+std::atomic<uint64_t> next_event{1};
+
+void log_event(cudaStream_t stream, const char* what, cudaEvent_t e);
 
 struct DeviceInit {
   DeviceInit() {
     for (int d = 0; d < kMaxDevices; ++d) {
       streams[d].device = d;
+      devices[d].sms = device_config.sms;
+      devices[d].blocks_per_sm = device_config.blocks_per_sm;
       devices[d].free_slots = device_config.sms * device_config.blocks_per_sm;
     }
   }
@@ -96,7 +103,7 @@ struct DeviceInit {
 thread_local int host_device = 0;  // the calling host thread's current device
 thread_local std::string last_error;
 
-int capacity(const DeviceConfig& c) { return c.sms * c.blocks_per_sm; }
+int capacity(const Device& d) { return d.sms * d.blocks_per_sm; }
 
 void acquire_slots(Device& d, int n) {
   std::unique_lock<std::mutex> lock(d.m);
@@ -112,10 +119,11 @@ void release_slots(Device& d, int n) {
   d.cv.notify_all();
 }
 
-// ---- stack switching ------------------------------------------------------------------------------
-// On x86-64 a switch saves the callee-saved registers on the old stack and moves to the new one
-// (what a function call must preserve: the kernels' fibers switch only inside calls); elsewhere
-// ucontext, whose swapcontext also saves the signal mask with a system call on every switch.
+// ---- stack switching
+// ------------------------------------------------------------------------------ On x86-64 a switch
+// saves the callee-saved registers on the old stack and moves to the new one (what a function call
+// must preserve: the kernels' fibers switch only inside calls); elsewhere ucontext, whose
+// swapcontext also saves the signal mask with a system call on every switch.
 
 #if defined(__x86_64__)
 struct Context {
@@ -157,10 +165,11 @@ void switch_context(Context& from, const Context& to) { mhc_sp_emulation_switch(
 
 // A fresh context that starts in mhc_sp_emulation_fiber_main on `stack`.
 void make_context(Context& c, void* stack, size_t size) {
-  auto* top = reinterpret_cast<uintptr_t*>((reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15));
+  auto* top =
+      reinterpret_cast<uintptr_t*>((reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15));
   *--top = 0;  // keeps the start's stack as a call would leave it
   *--top = reinterpret_cast<uintptr_t>(&mhc_sp_emulation_fiber_start);  // where `ret` goes
-  for (int r = 0; r < 6; ++r) *--top = 0;  // rbp, rbx, r12-r15
+  for (int r = 0; r < 6; ++r) *--top = 0;                               // rbp, rbx, r12-r15
   c.sp = top;
 }
 #else
@@ -179,7 +188,8 @@ void make_context(Context& c, void* stack, size_t size) {
 }
 #endif
 
-// ---- fibers ---------------------------------------------------------------------------------------
+// ---- fibers
+// ---------------------------------------------------------------------------------------
 
 enum class Wait { kReady, kBarrier, kWarp, kDone, kAbandoned };
 
@@ -243,7 +253,8 @@ void fail(Block& b, const std::string& what) {
   const std::lock_guard<std::mutex> lock(L.m);
   if (L.failure.empty()) {
     std::ostringstream s;
-    s << "block (" << b.block_idx.x << ", " << b.block_idx.y << ") of a grid of (" << L.grid.x << ", " << L.grid.y << ") x " << L.block.x << " threads: " << what;
+    s << "block (" << b.block_idx.x << ", " << b.block_idx.y << ") of a grid of (" << L.grid.x
+      << ", " << L.grid.y << ") x " << L.block.x << " threads: " << what;
     L.failure = s.str();
   }
   L.aborted = true;
@@ -369,8 +380,8 @@ struct FiberPool {
 
 void run_block(LaunchState& L, FiberPool& pool, uint64_t index) {
   Block b;
-  b.block_idx = uint3{static_cast<unsigned>(index % L.grid.x),
-                      static_cast<unsigned>(index / L.grid.x), 0};
+  b.block_idx =
+      uint3{static_cast<unsigned>(index % L.grid.x), static_cast<unsigned>(index / L.grid.x), 0};
   blockIdx = b.block_idx;
   blockDim = L.block;
   gridDim = L.grid;
@@ -439,7 +450,8 @@ void run_block(LaunchState& L, FiberPool& pool, uint64_t index) {
   this_block_state = nullptr;
 }
 
-// ---- warp collectives -----------------------------------------------------------------------------
+// ---- warp collectives
+// -----------------------------------------------------------------------------
 
 // Lane `lane` of the running thread's warp arrives at collective `name` with `words` inputs; when
 // the 32nd lane arrives, finish(op) computes every lane's result (into their fibers' warp_out).
@@ -489,7 +501,8 @@ float bf16_hi(uint32_t w) { return bits_float(w & 0xffff0000u); }
 
 }  // namespace
 
-// ---- synchronisation points -----------------------------------------------------------------------
+// ---- synchronisation points
+// -----------------------------------------------------------------------
 
 int syncthreads_or(int predicate, const char* file, int line) {
   Block& b = *this_block_state;
@@ -499,8 +512,9 @@ int syncthreads_or(int predicate, const char* file, int line) {
     b.bar_line = line;
     b.bar_or = 0;
   } else if (b.bar_line != line || std::strcmp(b.bar_file, file) != 0) {
-    abandon(f, "threads reach different barriers: __syncthreads at " + site(b.bar_file, b.bar_line) +
-                   " and at " + site(file, line) + " (a barrier in divergent code)");
+    abandon(f, "threads reach different barriers: __syncthreads at " +
+                   site(b.bar_file, b.bar_line) + " and at " + site(file, line) +
+                   " (a barrier in divergent code)");
   }
   b.bar_or |= predicate;
   ++b.bar_arrived;
@@ -588,7 +602,8 @@ uint64_t global_timer_ns() {
   return now_ns();
 }
 
-// ---- launches -------------------------------------------------------------------------------------
+// ---- launches
+// -------------------------------------------------------------------------------------
 
 void configure(const DeviceConfig& c) {
   TORCH_CHECK_VALUE(c.sms >= 1 && c.sms <= 1024, "sms: expected a value in [1, 1024], got ", c.sms);
@@ -600,9 +615,35 @@ void configure(const DeviceConfig& c) {
   for (Device& d : devices) {
     const std::lock_guard<std::mutex> dl(d.m);
     TORCH_CHECK(d.running_launches == 0, "emulation: configure() while a kernel runs");
-    d.free_slots = capacity(c);
+    d.sms = c.sms;
+    d.blocks_per_sm = c.blocks_per_sm;
+    d.free_slots = capacity(d);
   }
   device_config = c;
+}
+
+void configure_device(int device, int sms, int blocks_per_sm) {
+  TORCH_CHECK_VALUE(device >= 0 && device < kMaxDevices, "device: expected [0, ", kMaxDevices,
+                    "), got ", device);
+  TORCH_CHECK_VALUE(sms >= 1 && sms <= 1024, "sms: expected a value in [1, 1024], got ", sms);
+  TORCH_CHECK_VALUE(blocks_per_sm >= 1 && blocks_per_sm <= 32,
+                    "blocks_per_sm: expected a value in [1, 32], got ", blocks_per_sm);
+  Device& d = devices[device];
+  const std::lock_guard<std::mutex> dl(d.m);
+  TORCH_CHECK(d.running_launches == 0, "emulation: configure_device() while a kernel runs");
+  d.sms = sms;
+  d.blocks_per_sm = blocks_per_sm;
+  d.free_slots = capacity(d);
+}
+
+int device_sms(int device) {
+  const std::lock_guard<std::mutex> dl(devices[device].m);
+  return devices[device].sms;
+}
+
+int device_blocks_per_sm(int device) {
+  const std::lock_guard<std::mutex> dl(devices[device].m);
+  return devices[device].blocks_per_sm;
 }
 
 DeviceConfig config() {
@@ -620,16 +661,27 @@ std::string launch(int device, dim3 grid, dim3 block, bool cooperative,
     return "block size " + std::to_string(block.x) + ": expected a multiple of 32 up to 1024";
   }
   const DeviceConfig c = config();
+  Device& d = devices[device];
+  const int slots = [&] {
+    const std::lock_guard<std::mutex> lock(d.m);
+    ++d.running_launches;
+    return capacity(d);
+  }();
   const uint64_t total = uint64_t(grid.x) * grid.y;
   {
     const std::lock_guard<std::mutex> lock(launches_mutex);
     launch_log.push_back(LaunchRecord{grid.x, grid.y, block.x, cooperative});
   }
-  if (total == 0) return "";
-  if (cooperative && total > uint64_t(capacity(c))) {
-    return "a cooperative launch of " + std::to_string(total) + " blocks does not fit the " +
-           std::to_string(capacity(c)) + " resident blocks of the device (" +
-           std::to_string(c.sms) + " SMs x " + std::to_string(c.blocks_per_sm) + ")";
+  auto finished = [&](std::string failure) {
+    const std::lock_guard<std::mutex> lock(d.m);
+    --d.running_launches;
+    return failure;
+  };
+  if (total == 0) return finished("");
+  if (cooperative && total > uint64_t(slots)) {
+    return finished("a cooperative launch of " + std::to_string(total) +
+                    " blocks does not fit the " + std::to_string(slots) +
+                    " resident blocks of device " + std::to_string(device));
   }
   LaunchState L;
   L.body = &body;
@@ -637,12 +689,7 @@ std::string launch(int device, dim3 grid, dim3 block, bool cooperative,
   L.block = block;
   L.deadline_ns = now_ns() + static_cast<uint64_t>(c.launch_timeout_s * 1e9);
   L.seed = c.seed;
-  Device& d = devices[device];
-  {
-    const std::lock_guard<std::mutex> lock(d.m);
-    ++d.running_launches;
-  }
-  const int workers = static_cast<int>(std::min<uint64_t>(total, uint64_t(capacity(c))));
+  const int workers = static_cast<int>(std::min<uint64_t>(total, uint64_t(slots)));
   if (cooperative) acquire_slots(d, static_cast<int>(total));
   auto work = [&] {
     FiberPool pool;
@@ -659,11 +706,7 @@ std::string launch(int device, dim3 grid, dim3 block, bool cooperative,
   for (int w = 0; w < workers; ++w) threads.emplace_back(work);
   for (std::thread& t : threads) t.join();
   if (cooperative) release_slots(d, static_cast<int>(total));
-  {
-    const std::lock_guard<std::mutex> lock(d.m);
-    --d.running_launches;
-  }
-  return L.failure;
+  return finished(L.failure);
 }
 
 std::vector<LaunchRecord> launches() {
@@ -675,6 +718,23 @@ void reset_launches() {
   const std::lock_guard<std::mutex> lock(launches_mutex);
   launch_log.clear();
 }
+
+std::vector<EventRecord> events() {
+  const std::lock_guard<std::mutex> lock(launches_mutex);
+  return event_log;
+}
+
+void reset_events() {
+  const std::lock_guard<std::mutex> lock(launches_mutex);
+  event_log.clear();
+}
+
+namespace {
+void log_event(cudaStream_t stream, const char* what, cudaEvent_t e) {
+  const std::lock_guard<std::mutex> lock(launches_mutex);
+  event_log.push_back(EventRecord{stream_device(stream), what, e->id});
+}
+}  // namespace
 
 int stream_device(cudaStream_t stream) { return stream != nullptr ? stream->device : host_device; }
 
@@ -690,9 +750,7 @@ cudaError_t record_launch_error(const std::string& what) {
 
 }  // namespace mhc_sp::emulation
 
-extern "C" void mhc_sp_emulation_fiber_main() {
-  mhc_sp::emulation::fiber_main();
-}
+extern "C" void mhc_sp_emulation_fiber_main() { mhc_sp::emulation::fiber_main(); }
 
 // ---- the runtime API subset ---------------------------------------------------------------------
 
@@ -715,7 +773,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   if (attr != cudaDevAttrMultiProcessorCount || device < 0 || device >= kMaxDevices) {
     return cudaErrorInvalidValue;
   }
-  *value = mhc_sp::emulation::config().sms;
+  *value = mhc_sp::emulation::device_sms(device);
   return cudaSuccess;
 }
 
@@ -752,8 +810,9 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 // Streams are synchronous: every event is complete when it is recorded, every wait is satisfied.
+// The waits and records are logged (events()).
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  *e = new CUevent_st{0};
+  *e = new CUevent_st{mhc_sp::emulation::next_event++};
   return cudaSuccess;
 }
 
@@ -762,19 +821,28 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  e->recorded = 1;
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  return cudaEventRecordWithFlags(e, stream, cudaEventRecordDefault);
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t stream, unsigned) {
+  if (e == nullptr) return cudaErrorInvalidValue;
+  mhc_sp::emulation::log_event(stream, "record", e);
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {
+  if (e == nullptr) return cudaErrorInvalidValue;
+  mhc_sp::emulation::log_event(stream, "wait", e);
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* status,
-                                     unsigned long long* id) {
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
   *status = cudaStreamCaptureStatusNone;  // the emulation has no graph capture
-  *id = 0;
   return cudaSuccess;
 }
 

@@ -4,6 +4,7 @@
 
 #include "emulation/world.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -65,9 +66,14 @@ World::World(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes, doub
   }
   TORCH_CHECK_VALUE(static_cast<int64_t>(devices_.size()) == world,
                     "devices: expected one device per rank (", world, "), got ", devices_.size());
-  for (int64_t d : devices_) {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const int64_t d = devices_[i];
     TORCH_CHECK_VALUE(d >= 0 && d < device_count(), "devices: expected emulated devices in [0, ",
                       device_count(), "), got ", d);
+    // One process's symm calls on a device run one at a time (symm::CallOrder), as they do on a
+    // GPU; the simulated ranks are one process, so each needs its own device.
+    TORCH_CHECK_VALUE(std::count(devices_.begin(), devices_.end(), d) == 1,
+                      "devices: every rank needs its own emulated device, got ", d, " twice");
   }
   const symm::BufferLayout L = symm::checked_buffer_layout(world, mailbox_slot_bytes, half_bytes);
   std::vector<int64_t> ptrs;
@@ -78,8 +84,8 @@ World::World(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes, doub
   const int64_t id = next_world++;
   for (int64_t r = 0; r < world; ++r) {
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(devices_[r]));
-    auto ws = std::make_unique<symm::SymmWorkspace>(buffers_[r], ptrs, r, world,
-                                                    mailbox_slot_bytes, half_bytes, timeout_s);
+    auto ws = std::make_unique<symm::SymmWorkspace>(buffers_[r], ptrs, r, world, mailbox_slot_bytes,
+                                                    half_bytes, timeout_s);
     workspaces_.push_back(ws.get());
     groups_.push_back("emulated:" + std::to_string(id) + ":" + std::to_string(r));
     auto comm = std::make_shared<symm::SymmCommunicator>(groups_.back(), std::move(ws), nullptr);
@@ -92,8 +98,8 @@ World::~World() {
 }
 
 const symm::SymmWorkspace& World::workspace(int64_t rank) const {
-  TORCH_CHECK_VALUE(rank >= 0 && rank < size(), "rank: expected a value in [0, ", size(),
-                    "), got ", rank);
+  TORCH_CHECK_VALUE(rank >= 0 && rank < size(), "rank: expected a value in [0, ", size(), "), got ",
+                    rank);
   return *workspaces_[rank];
 }
 

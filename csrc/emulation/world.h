@@ -21,8 +21,9 @@ namespace mhc_sp::emulation {
 
 class World {
  public:
-  // `world` ranks; rank r on emulated device devices[r] (default: device r). A device shared by
-  // several ranks (or several worlds) shares its resident-block slots, as one GPU would.
+  // `world` ranks; rank r on emulated device devices[r] (default: device r), one device per rank.
+  // A device shared with other worlds shares its resident-block slots and its call order, as one
+  // GPU does.
   World(int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes, double timeout_s,
         std::vector<int64_t> devices);
   ~World();

@@ -291,21 +291,16 @@ void bind(py::module_& m) {
         py::arg("world"), py::arg("local"));
   m.def(
       "symm_lamport_tag",
-      [](const std::string& op, int64_t rows, int64_t inner, uint64_t call) {
-        const LamportTag t = lamport_tag(checked_op(op), rows, inner, call);
+      [](const std::string& op, int64_t rows, int64_t inner, uint64_t call, int64_t blocks,
+         int64_t chunks_per_split) {
+        TORCH_CHECK_VALUE(blocks >= 1 && blocks <= kMaxBlocks, "blocks: expected [1, ", kMaxBlocks,
+                          "], got ", blocks);
+        const LamportTag t =
+            lamport_tag(checked_op(op), rows, inner, call, blocks, chunks_per_split);
         return std::vector<int64_t>(t.lane, t.lane + 8);
       },
-      py::arg("op"), py::arg("rows"), py::arg("inner"), py::arg("call"));
-  py::class_<StreamChain>(m, "SymmStreamChain",
-                          "The order of one symm workspace's calls across CUDA streams")
-      .def(py::init<>())
-      .def(
-          "next",
-          [](StreamChain& c, uint64_t stream, uint64_t capture_id) {
-            const StreamChain::Step s = c.next(stream, capture_id);
-            return py::make_tuple(s.wait, s.captured);
-          },
-          py::arg("stream"), py::arg("capture_id"));
+      py::arg("op"), py::arg("rows"), py::arg("inner"), py::arg("call"), py::arg("blocks") = 1,
+      py::arg("chunks_per_split") = 1);
   m.def("leaf_tree_sum", &leaf_tree_sum, py::arg("leaves"), py::arg("per_block"));
   m.def(
       "symm_describe_error",

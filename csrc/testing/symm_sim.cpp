@@ -45,26 +45,24 @@ std::vector<RankView> SymmSimGroup::views() const {
 void SymmSimGroup::fused_layer(const std::vector<LayerArgs>& calls,
                                const std::vector<LayerOutputs>& outs, int64_t absent,
                                bool production, cudaStream_t stream) const {
-  for (const auto& ws : ranks_) ws->order_call(stream);
+  const symm::CallOrder::Turn turn = ranks_[0]->turn(stream);  // the ranks share the device
   if (production) {
     symm::launch_fused_layer(ranks_[0]->view(), calls[0], outs[0], stream);
   } else {
     sim_launch_fused_layer(views(), calls, outs, static_cast<int>(absent), stream);
   }
-  for (const auto& ws : ranks_) ws->call_enqueued(stream);
 }
 
 void SymmSimGroup::collective(boundary::Op op, const std::vector<Tensor>& outs,
                               const std::vector<Tensor>& ins, int64_t num_tokens, bool lamport,
                               int64_t absent, bool production, cudaStream_t stream) const {
-  for (const auto& ws : ranks_) ws->order_call(stream);
+  const symm::CallOrder::Turn turn = ranks_[0]->turn(stream);
   if (production) {
     symm::launch_collective(ranks_[0]->view(), op, outs[0], ins[0], num_tokens, lamport, stream);
   } else {
     sim_launch_collective(views(), op, outs, ins, num_tokens, lamport, static_cast<int>(absent),
                           stream);
   }
-  for (const auto& ws : ranks_) ws->call_enqueued(stream);
 }
 
 }  // namespace mhc_sp::testing

@@ -310,6 +310,29 @@ def test_two_streams_are_serialised():
     no_errors(sim)
 
 
+def test_two_groups_on_two_streams_take_turns():
+    # Two symm groups of this process on one GPU, their calls alternating on two streams with no
+    # synchronisation by the caller: the device's call order (symm::CallOrder) runs them one after
+    # the other, so that neither group's spinning blocks fill the GPU while the other's wait for
+    # SMs: no timeout, every result right.
+    tp = 2
+    sims = [group(tp), group(tp)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    cases, outs = [], []
+    for k in range(8):
+        case = Case(tp, 5, False, 90 + k) if k % 4 < 2 else Case(tp, 33, True, 90 + k)
+        with torch.cuda.stream(streams[k % 2]):
+            outs.append(case.run(sims[k % 2]))
+        cases.append(case)
+    torch.cuda.synchronize()
+    for c, out in zip(cases, outs):
+        c.check(out)
+    for sim in sims:
+        no_errors(sim)
+
+
 # ---- the production launch (a world of one) --------------------------------------------------
 
 

@@ -10,6 +10,7 @@ rank-order sum of the partials (mhc_sp.reference.sum_partials); small cases also
 mhc_sp.reference at the contract's tolerances. Then the failures: an absent rank, a late one, a
 mismatched call, a call on a broken workspace."""
 
+import threading
 import time
 
 import pytest
@@ -103,7 +104,14 @@ class Boundary:
         return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
 
     def layer_call(self, r):
-        args = (self.partials[r], *self.streams[r], *pre_weights(self.w), None, self.sharded, self.T)
+        args = (
+            self.partials[r],
+            *self.streams[r],
+            *pre_weights(self.w),
+            None,
+            self.sharded,
+            self.T,
+        )
         return ("fused_layer", (*args, *CFG.scalars()))
 
     def head_call(self, r):
@@ -173,6 +181,20 @@ def test_fused_layer_calls_in_a_row(tp):
     no_errors(w)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 13))
+def test_other_thread_orders_give_the_same_bits(seed):
+    """The emulation's seed changes the order in which every block runs its threads (and so
+    which blocks of which ranks get ahead): the protocol's results must not depend on it."""
+    E.configure(sms=3, blocks_per_sm=2, seed=seed)
+    tp = 3
+    w = world(tp)
+    for k, (T, sharded) in enumerate(((4, False), (7, True), (16, False), (37, True))):
+        b = Boundary(tp, T, sharded, seed=seed * 10 + k)
+        b.check_layer(outputs(w.run([b.layer_call(r) for r in range(tp)])))
+    no_errors(w)
+
+
 def test_the_boundaries_take_the_kernels_they_are_meant_to():
     tp = 4
     w = world(tp)
@@ -181,6 +203,75 @@ def test_the_boundaries_take_the_kernels_they_are_meant_to():
         E.reset_launches()
         outputs(w.run([b.layer_call(r) for r in range(tp)]))
         assert len(E.launches()) == grids * tp, E.launches()
+
+
+def test_every_symm_call_on_a_device_waits_for_the_one_before():
+    """The device's call order (symm::CallOrder): every call of every group on a device waits for
+    the device's one event and records it after its kernels, so two groups' kernels never spin on
+    one GPU at the same time and run in the order the host issued them."""
+    a, b = world(2, devices=[5, 6]), world(2, devices=[5, 7])  # both groups use device 5
+    boundary = Boundary(2, 3, True, seed=3)
+    E.reset_events()
+    for w in (a, b, a):
+        outputs(w.run([boundary.layer_call(r) for r in range(2)]))
+    by_device = {}
+    for device, what, event in E.events():
+        by_device.setdefault(device, []).append((what, event))
+    assert sorted(by_device) == [5, 6, 7], by_device
+    for device, calls in ((5, 3), (6, 2), (7, 1)):
+        ops = by_device[device]
+        assert [w for w, _ in ops] == ["wait", "record"] * calls, (device, ops)
+        assert len({e for _, e in ops}) == 1, (device, ops)  # one event per device
+    assert len({ops[0][1] for ops in by_device.values()}) == 3  # and one device per event
+
+
+@pytest.mark.parametrize("call", ["lamport", "sharded", "all_reduce"])
+def test_ranks_with_other_launch_plans_report_a_mismatch(call):
+    """A rank whose GPU is another size (MIG, MPS shares, mixed SKUs) computes another grid and
+    split, and block b would no longer meet the rows block b of every peer moved. The plan is part
+    of the call header and the Lamport tag: every rank reports the mismatch and nobody returns a
+    row computed from the wrong data (every output is NaN)."""
+    E.configure_device(11, sms=1, blocks_per_sm=1)  # rank 1's GPU: one block at a time
+    w = world(2, devices=[10, 11])
+    if call == "all_reduce":
+        x = torch.randn(2 * C["default_mailbox_slot_bytes"] // (2 * H) + 3, H).to(torch.bfloat16)
+        calls = [("all_reduce", (x, None))] * 2
+    else:
+        calls = [Boundary(2, 5, call == "sharded", seed=3).layer_call(r) for r in range(2)]
+    outs = w.run(calls)
+    errors = w.errors()
+    assert all(e is not None and e["code"] == "mismatch" for e in errors), errors
+    for out in outs:
+        assert not isinstance(out, Exception) and all(all_nan(t) for t in out), out
+
+
+def test_calls_from_two_host_threads_take_turns_on_a_device():
+    """Two host threads with a group each on one device (worlds of one: nothing to wait for):
+    the device's order is held from a call's wait to its record, so the two threads' calls never
+    interleave their event operations."""
+    groups = [world(1, devices=[9]), world(1, devices=[9])]
+    b = Boundary(1, 3, False, seed=4)
+    E.reset_events()
+    failures = []
+
+    def calls(w):
+        for _ in range(6):
+            out = w.run([b.layer_call(0)])[0]
+            if isinstance(out, Exception):
+                failures.append(out)
+
+    threads = [threading.Thread(target=calls, args=(w,)) for w in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert [what for device, what, _ in E.events() if device == 9] == ["wait", "record"] * 12
+
+
+def test_the_ranks_of_a_world_need_their_own_devices():
+    with pytest.raises(ValueError, match="^devices: every rank needs its own emulated device"):
+        world(2, devices=[3, 3])
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -217,7 +308,9 @@ def test_collectives(tp):
     rows = 5 * tp + 3
     xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
     for r, out in enumerate(outputs(w.run([("reduce_scatter", (x, None)) for x in xs]))):
-        expect_bitwise(f"reduce_scatter rank {r}", out[0], R.shard_tokens(R.sum_partials(xs), r, tp))
+        expect_bitwise(
+            f"reduce_scatter rank {r}", out[0], R.shard_tokens(R.sum_partials(xs), r, tp)
+        )
     xs = [torch.randn(7, H // 2, generator=g) for _ in range(tp)]  # fp32 rows
     for keep in (7 * tp - 3, -1):
         want = torch.cat(xs)[: keep if keep >= 0 else None]
@@ -251,8 +344,13 @@ def test_absent_rank_times_out_then_every_call_is_refused(tp, sharded):
             assert all(all_nan(t_) for t_ in out), r
     # The absent rank arrives now: its kernels find the workspace broken, record the refusal
     # (naming the rank that broke it) and return NaN.
-    (late,) = [out for r, out in enumerate(w.run([b.layer_call(r) if r == absent else None
-                                                  for r in range(tp)])) if r == absent]
+    (late,) = [
+        out
+        for r, out in enumerate(
+            w.run([b.layer_call(r) if r == absent else None for r in range(tp)])
+        )
+        if r == absent
+    ]
     assert not isinstance(late, Exception) and all(all_nan(t_) for t_ in late)
     rec = w.errors()[absent]
     assert rec["code"] == "peer_broken" and rec["peer"] != absent and rec["phase"] == 3, rec

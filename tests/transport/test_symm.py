@@ -297,27 +297,13 @@ def test_lamport_tags_never_hold_the_empty_marker_and_tell_calls_apart():
     seen = set()
     for op in ("fused_layer", "all_reduce"):
         for rows, inner in ((1, 7168), (16, 7168), (131072, 1), (2**30 - 1, 2**30 - 1)):
-            for call in (0, 1, 2, 3, 2**15, 2**40 + 7):
-                tag = _testing.symm_lamport_tag(op, rows, inner, call)
-                assert len(tag) == 8 and all(0 <= lane < 0x8000 for lane in tag), tag
-                seen.add(tuple(tag))
-    assert len(seen) == 2 * 4 * 6
-
-
-@needs_testing
-def test_stream_chain_orders_calls_across_streams():
-    chain = _testing.SymmStreamChain()
-    assert chain.next(1, 0) == (False, False)  # the first call waits for nothing
-    assert chain.next(1, 0) == (False, False)  # same stream: stream order suffices
-    assert chain.next(2, 0) == (True, False)  # another stream waits for the last call
-    assert chain.next(1, 0) == (True, False)
-    # Inside a capture the chain is the capture's own: nothing recorded outside it is waited on.
-    assert chain.next(3, 7) == (False, True)
-    assert chain.next(4, 7) == (True, True)  # a second stream joins the same capture
-    assert chain.next(4, 7) == (False, True)
-    assert chain.next(5, 8) == (False, True)  # a new capture starts a new chain
-    assert chain.next(1, 0) == (False, False)  # eager again: stream 1 made the last eager call
-    assert chain.next(0, 0) == (True, False)  # the legacy default stream (0) is a stream too
+            for call in (0, 1, 2, 3, 2**15, 2**29 + 7):
+                for blocks, chunks in ((1, 1), (132, 1), (1024, 1), (132, 32)):
+                    tag = _testing.symm_lamport_tag(op, rows, inner, call, blocks, chunks)
+                    assert len(tag) == 8 and all(0 <= lane < 0x8000 for lane in tag), tag
+                    seen.add(tuple(tag))
+    # Every call, and every launch plan of it (a rank with another grid or split), tells apart.
+    assert len(seen) == 2 * 4 * 6 * 4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")

@@ -15,7 +15,8 @@ struct __nv_bfloat16 {
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return __nv_bfloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return __nv_bfloat16{static_cast<uint16_t>(u >> 16)};
 }

@@ -93,9 +93,8 @@ inline T atomicAdd(T* p, T v) {
 
 template <typename T>
 inline T atomicCAS(T* p, T expected, T desired) {
-  std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired,
-                                                 ::mhc_sp::emulation::kDeviceAtomicOrder,
-                                                 std::memory_order_relaxed);
+  std::atomic_ref<T>(*p).compare_exchange_strong(
+      expected, desired, ::mhc_sp::emulation::kDeviceAtomicOrder, std::memory_order_relaxed);
   return expected;  // the old value, whether or not it was replaced
 }
 
@@ -148,6 +147,10 @@ struct cudaLaunchConfig_t {
 
 constexpr unsigned cudaHostAllocMapped = 2;
 constexpr unsigned cudaEventDisableTiming = 2;
+constexpr unsigned cudaEventRecordDefault = 0;
+constexpr unsigned cudaEventRecordExternal = 1;
+constexpr unsigned cudaEventWaitDefault = 0;
+constexpr unsigned cudaEventWaitExternal = 1;
 
 namespace mhc_sp::emulation {
 int stream_device(cudaStream_t stream);
@@ -166,18 +169,20 @@ cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream);
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t stream, unsigned flags);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
-                                     unsigned long long* id);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
 
-// What the occupancy calculator reports for any kernel: the device's blocks per SM.
+// What the occupancy calculator reports for any kernel: the current device's blocks per SM.
 template <typename Kernel>
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int threads,
                                                           size_t dynamic_smem) {
   if (blocks == nullptr || threads <= 0 || dynamic_smem != 0) return cudaErrorInvalidValue;
-  *blocks = ::mhc_sp::emulation::config().blocks_per_sm;
+  int device = 0;
+  cudaGetDevice(&device);
+  *blocks = ::mhc_sp::emulation::device_blocks_per_sm(device);
   return cudaSuccess;
 }
 
@@ -193,9 +198,8 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(
     }
   }
   std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-  const std::string failed =
-      ::mhc_sp::emulation::launch(::mhc_sp::emulation::stream_device(config->stream),
-                                  config->gridDim, config->blockDim, cooperative,
-                                  [kernel, &params] { std::apply(kernel, params); });
+  const std::string failed = ::mhc_sp::emulation::launch(
+      ::mhc_sp::emulation::stream_device(config->stream), config->gridDim, config->blockDim,
+      cooperative, [kernel, &params] { std::apply(kernel, params); });
   return failed.empty() ? cudaSuccess : ::mhc_sp::emulation::record_launch_error(failed);
 }

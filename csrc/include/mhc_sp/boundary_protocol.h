@@ -31,13 +31,14 @@
 //     start at 0 in a fresh segment and only grow (64 bits never wrap), so nothing is re-armed
 //     and no stale value can pass for a new one. A peer can be at most one epoch ahead.
 //  4. Headers are checked at each call's first barrier: every rank compares every peer's
-//     CallHeader (op, flags, rows, num_tokens, dtype, inner size, call number, epoch) with its
-//     own. All ranks see the same headers, so all of them detect a mismatch (different ops, token
-//     counts, shapes, or a rank that skipped a call) and fail; nobody reads rows laid out for a
-//     different call. Sizes come from the header (layout_for), never from the peer's data. On the
-//     device, where each block has its own barrier, every block writes the header (its epoch
-//     field 0, as blocks keep their own epochs; the call number tells calls apart) and checks
-//     every peer's before it reads any of that peer's rows (transport/symm/device/sync.cuh).
+//     CallHeader (op, flags, rows, num_tokens, dtype, inner size, call number, epoch and, on the
+//     device, the launch plan) with its own. All ranks see the same headers, so all of them detect
+//     a mismatch (different ops, token counts, shapes, or a rank that skipped a call) and fail;
+//     nobody reads rows laid out for a different call. Sizes come from the header (layout_for),
+//     never from the peer's data. On the device, where each block has its own barrier, every block
+//     writes the header (its epoch field 0, as blocks keep their own epochs; the call number tells
+//     calls apart) and checks every peer's before it reads any of that peer's rows
+//     (transport/symm/device/sync.cuh).
 //  5. Reductions sum in fp32 (fp64 for fp64 data) in rank order 0..world-1, starting from +0,
 //     and round once to the output type: every rank gets bitwise the same sum. Starting from +0
 //     makes a position where every rank holds -0 sum to +0 (as it must where -0 is the symm
@@ -138,6 +139,12 @@ struct alignas(kAlign) CallHeader {
   uint32_t elem_bytes;  // bytes per element
   uint64_t call;        // call number c on this workspace (rule 2)
   uint64_t epoch;       // epoch of the barrier at which the header is checked (rule 4)
+  // The device's launch plan (symm transport; 0 on the CPU), which every rank must share: block b
+  // of a rank pairs with block b of every other at each barrier and reads what they moved.
+  uint32_t blocks;            // grid of the call's (first) kernel
+  uint32_t finish_blocks;     // grid of its second kernel (the sharded boundary's finish), or 0
+  uint32_t chunks_per_split;  // the pre's H-chunks per block (mhc_sp/cuda/launch.cuh plan_pre)
+  uint32_t unused;
 };
 
 MHC_SP_HOST_DEVICE constexpr int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -205,7 +212,8 @@ MHC_SP_HOST_DEVICE constexpr CallLayout layout_for(const CallHeader& h, int64_t 
 MHC_SP_HOST_DEVICE inline bool same_call(const CallHeader& a, const CallHeader& b) {
   return a.op == b.op && a.flags == b.flags && a.rows == b.rows && a.num_tokens == b.num_tokens &&
          a.inner == b.inner && a.dtype == b.dtype && a.elem_bytes == b.elem_bytes &&
-         a.call == b.call && a.epoch == b.epoch;
+         a.call == b.call && a.epoch == b.epoch && a.blocks == b.blocks &&
+         a.finish_blocks == b.finish_blocks && a.chunks_per_split == b.chunks_per_split;
 }
 
 // Rule 3's two memory operations, at system scope (other processes, other devices).

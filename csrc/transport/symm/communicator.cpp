@@ -34,9 +34,10 @@ bool SymmCommunicator::collective(boundary::Op op, Tensor& out, const Tensor& in
   const Tensor src = aligned(in);
   Tensor dst = out.is_contiguous() && aligned16(out) ? out : at::empty_like(out);
   const cudaStream_t stream = current_stream(in);
-  ws_->order_call(stream);
-  launch_collective(ws_->view(), op, dst, src, -1, path == Path::kLamport, stream);
-  ws_->call_enqueued(stream);
+  {
+    const CallOrder::Turn turn = ws_->turn(stream);
+    launch_collective(ws_->view(), op, dst, src, -1, path == Path::kLamport, stream);
+  }
   if (!dst.is_same(out)) out.copy_(dst);
   return true;
 }
@@ -80,9 +81,8 @@ LayerOutputs SymmCommunicator::fused_layer(const LayerArgs& a) {
   const LayerArgs call = aligned_layer_args(a);
   LayerOutputs out = layer_outputs(call);
   const cudaStream_t stream = current_stream(call.partial);
-  ws_->order_call(stream);
+  const CallOrder::Turn turn = ws_->turn(stream);
   launch_fused_layer(ws_->view(), call, out, stream);
-  ws_->call_enqueued(stream);
   return out;
 }
 

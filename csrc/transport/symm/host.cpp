@@ -109,17 +109,4 @@ std::string describe_error(const ErrorRecord& e, const std::string& group, doubl
                   "process group and call mhc_sp.distributed.init again.");
 }
 
-StreamChain::Step StreamChain::next(uint64_t stream, uint64_t capture_id) {
-  if (capture_id == 0) {
-    const bool wait = eager_recorded_ && eager_stream_ != stream;
-    eager_stream_ = stream;
-    eager_recorded_ = true;
-    return {wait, false};
-  }
-  const bool wait = capture_id_ == capture_id && capture_stream_ != stream;
-  capture_stream_ = stream;
-  capture_id_ = capture_id;
-  return {wait, true};
-}
-
 }  // namespace mhc_sp::symm

@@ -95,6 +95,15 @@ inline ExchangeView exchange_view(const RankView& rank, boundary::Op op, uint32_
   return e;
 }
 
+// The launch plan in a barrier-exchanged call's header (checked by every peer, rule 4): the
+// grids of its kernels and the pre's chunks per split.
+inline void set_plan(CallHeader& h, int64_t blocks, int64_t finish_blocks,
+                     int64_t chunks_per_split) {
+  h.blocks = static_cast<uint32_t>(blocks);
+  h.finish_blocks = static_cast<uint32_t>(finish_blocks);
+  h.chunks_per_split = static_cast<uint32_t>(chunks_per_split);
+}
+
 // The sharded boundary's parameters on one rank, and its plan over the shard.
 template <int N>
 ShardedLayerParams sharded_layer_params(const RankView& rank, const LayerArgs& a,

@@ -45,6 +45,10 @@ inline LayerOutputs layer_outputs(const LayerArgs& a) {
 // kernels over a half, the second a programmatic dependent of the first (exchange_path: kExchange).
 void launch_fused_layer(const RankView& rank, const LayerArgs& a, const LayerOutputs& out,
                         cudaStream_t stream);
+// launch_fused_layer for hc_mult N (transport/symm/fused_layer.cuh, fused_layer_hc*.cu).
+template <int N>
+void launch_fused_layer_n(const RankView& rank, const LayerArgs& a, const LayerOutputs& out,
+                          cudaStream_t stream);
 
 // A plain collective on this rank (collective_path must not say kFallback): all_reduce through the
 // mailbox (`lamport`) or the barrier exchange, reduce_scatter, all_gather (num_tokens: rows of the

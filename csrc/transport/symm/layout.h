@@ -111,15 +111,21 @@ MHC_SP_HOST_DEVICE constexpr int64_t lamport_row_bytes(const BufferLayout& L) {
 }
 
 // What a Lamport call is, as 8 bf16 lanes of 15 bits each (never 0x8000, the empty marker):
-// kind (Op), rows and inner size (2 lanes each), call number (3 lanes). Equal tags: the same call.
+// kind (Op), rows and inner size (2 lanes each), the call number modulo 2^30 (2 lanes: ranks are
+// never that many calls apart) and the launch plan (blocks in the grid and chunks per split of the
+// pre, which every rank must share: block b reads the rows block b of every peer pushed). Equal
+// tags: the same call, launched the same way.
 struct LamportTag {
   uint16_t lane[8];
 };
 
 MHC_SP_HOST_DEVICE constexpr LamportTag lamport_tag(Op kind, int64_t rows, int64_t inner,
-                                                    uint64_t call) {
+                                                    uint64_t call, int64_t blocks,
+                                                    int64_t chunks_per_split) {
   LamportTag t{};
   const uint64_t r = static_cast<uint64_t>(rows), i = static_cast<uint64_t>(inner);
+  uint32_t log_chunks = 0;  // chunks per split: a power of two, at most 32 (plan_pre)
+  while ((int64_t{1} << log_chunks) < chunks_per_split && log_chunks < 7) ++log_chunks;
   t.lane[0] = static_cast<uint16_t>(static_cast<uint32_t>(kind) & 0x7fffu);
   t.lane[1] = static_cast<uint16_t>(r & 0x7fffu);
   t.lane[2] = static_cast<uint16_t>((r >> 15) & 0x7fffu);
@@ -127,9 +133,11 @@ MHC_SP_HOST_DEVICE constexpr LamportTag lamport_tag(Op kind, int64_t rows, int64
   t.lane[4] = static_cast<uint16_t>((i >> 15) & 0x7fffu);
   t.lane[5] = static_cast<uint16_t>(call & 0x7fffu);
   t.lane[6] = static_cast<uint16_t>((call >> 15) & 0x7fffu);
-  t.lane[7] = static_cast<uint16_t>((call >> 30) & 0x7fffu);
+  t.lane[7] = static_cast<uint16_t>((static_cast<uint64_t>(blocks) & 0x7ffu) | (log_chunks << 11));
   return t;
 }
+
+static_assert(kMaxBlocks <= 0x7ff + 1, "a grid's block count fits the tag's 11 bits");
 
 MHC_SP_HOST_DEVICE constexpr int64_t half_index(uint64_t exchange_call) {
   return static_cast<int64_t>(exchange_call % 2);
@@ -151,6 +159,11 @@ struct ExchangeLayout {
 };
 
 MHC_SP_HOST_DEVICE constexpr int64_t header_offset(int64_t src) { return src * kAlign; }
+
+// The 16-byte words of a CallHeader that hold its fields (the rest of its kAlign bytes is padding).
+constexpr int kHeaderWords = 5;
+static_assert(sizeof(CallHeader) >= kHeaderWords * 16 && sizeof(CallHeader) <= kAlign,
+              "a call header is kHeaderWords 16-byte words in its slot");
 
 // The exchange a call's header implies (h.rows: the caller's rows of x or partial):
 //  reduce_scatter: each owner's shard of ceil(rows / world) rows lands from every source;
@@ -270,27 +283,6 @@ Path exchange_path(const BufferLayout& L, const CallHeader& h);
 
 // A failed wait as the ValueError/RuntimeError text the ops raise, naming the peer.
 std::string describe_error(const ErrorRecord& e, const std::string& group, double timeout_s);
-
-// The order of one workspace's calls across CUDA streams. Every call of a group uses the same
-// counters, mailboxes and halves, so two calls must never run at once: a call on another stream
-// than the previous one first waits for it (an event the workspace records after every call).
-// Under stream capture the chain is kept inside the capture (an event recorded outside a capture
-// cannot be waited on inside it; the capture itself starts after the eager work, and replays are
-// ordered by the stream they are launched on). Pure bookkeeping, so the CPU tests cover it; the
-// CUDA side (SymmWorkspace) issues the waits and records it asks for.
-class StreamChain {
- public:
-  struct Step {
-    bool wait;      // the call's stream waits for the event of `captured`'s chain first
-    bool captured;  // which chain: the capture's (true) or the eager one
-  };
-  // A call on `stream` (an opaque id), inside the capture `capture_id` (0: not capturing).
-  Step next(uint64_t stream, uint64_t capture_id);
-
- private:
-  uint64_t eager_stream_ = 0, capture_stream_ = 0, capture_id_ = 0;
-  bool eager_recorded_ = false;
-};
 
 }  // namespace mhc_sp::symm
 #endif

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 
 namespace mhc_sp::symm {
 namespace {
@@ -19,8 +20,8 @@ cudaStream_t current_stream(const Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
-// Whether `t` is memory the kernels can use: a CUDA tensor (on the emulated device, csrc/emulation/,
-// whose memory is host memory: a CPU tensor).
+// Whether `t` is memory the kernels can use: a CUDA tensor (on the emulated device,
+// csrc/emulation/, whose memory is host memory: a CPU tensor).
 bool device_memory(const Tensor& t) {
 #if defined(MHC_SP_EMULATION)
   return t.is_cpu();
@@ -30,6 +31,42 @@ bool device_memory(const Tensor& t) {
 }
 
 }  // namespace
+
+CallOrder::CallOrder(int device) {
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming));
+}
+
+CallOrder& CallOrder::of_device(int device) {
+  static std::mutex made_mutex;
+  static auto* made = new std::map<int, CallOrder*>();  // never destroyed (see the header)
+  const std::lock_guard<std::mutex> lock(made_mutex);
+  CallOrder*& order = (*made)[device];
+  if (order == nullptr) order = new CallOrder(device);
+  return *order;
+}
+
+void CallOrder::synchronize() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  (void)cudaEventSynchronize(last_);  // teardown: errors are ignored
+}
+
+CallOrder::Turn::Turn(CallOrder& order, cudaStream_t stream)
+    : lock_(order.mutex_), order_(order), stream_(stream), captured_(false) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  captured_ = status != cudaStreamCaptureStatusNone;
+  // An event never recorded is complete: the device's first call waits for nothing.
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, order_.last_,
+                                     captured_ ? cudaEventWaitExternal : cudaEventWaitDefault));
+}
+
+CallOrder::Turn::~Turn() {
+  // Teardown of a turn whose launch threw still records, so that the order stays whole; an error
+  // here cannot be raised from a destructor and would show on the next call.
+  (void)cudaEventRecordWithFlags(order_.last_, stream_,
+                                 captured_ ? cudaEventRecordExternal : cudaEventRecordDefault);
+}
 
 SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptrs, int64_t rank,
                              int64_t world, int64_t mailbox_slot_bytes, int64_t half_bytes,
@@ -72,37 +109,20 @@ SymmWorkspace::SymmWorkspace(Tensor buffer, const std::vector<int64_t>& peer_ptr
   Tensor host = at::empty({static_cast<int64_t>(sizeof(header))}, at::kByte);
   std::memcpy(host.data_ptr(), &header, sizeof(header));
   buffer_.narrow(0, 0, sizeof(header)).copy_(host);
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&eager_done_, cudaEventDisableTiming));
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&capture_done_, cudaEventDisableTiming));
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  order_ = &CallOrder::of_device(device);
   // Peers may push as soon as they return from init: everything above must be in memory first
   // (the caller then runs a host barrier over the group).
   C10_CUDA_CHECK(cudaStreamSynchronize(current_stream(buffer_)));
 }
 
 SymmWorkspace::~SymmWorkspace() {
-  // The last eager call may still run and use the peers' mappings and this rank's state: wait for
-  // it before anything is released (an event never recorded is complete; errors are ignored, this
-  // is teardown). A captured graph must not be replayed after its group's workspace is gone.
-  if (eager_done_ != nullptr) {
-    (void)cudaEventSynchronize(eager_done_);
-    cudaEventDestroy(eager_done_);
-  }
-  if (capture_done_ != nullptr) cudaEventDestroy(capture_done_);
+  // The last call may still run and use the peers' mappings and this rank's state: wait for the
+  // device's order to pass it before anything is released (errors are ignored, this is teardown).
+  // A captured graph must not be replayed after its group's workspace is gone.
+  if (order_ != nullptr) order_->synchronize();
   if (error_host_ != nullptr) cudaFreeHost(const_cast<ErrorRecord*>(error_host_));
-}
-
-void SymmWorkspace::order_call(cudaStream_t stream) const {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
-  const uint64_t capture = status == cudaStreamCaptureStatusNone ? 0 : uint64_t(id) + 1;
-  const StreamChain::Step step = chain_.next(reinterpret_cast<uint64_t>(stream), capture);
-  pending_ = step.captured ? capture_done_ : eager_done_;
-  if (step.wait) C10_CUDA_CHECK(cudaStreamWaitEvent(stream, pending_, 0));
-}
-
-void SymmWorkspace::call_enqueued(cudaStream_t stream) const {
-  C10_CUDA_CHECK(cudaEventRecord(pending_, stream));
 }
 
 RankView SymmWorkspace::view() const {

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,43 @@
 namespace mhc_sp::symm {
 
 using at::Tensor;
+
+// The order of every symm call on one device, whatever its group, stream or host thread, eager
+// or replayed from a CUDA graph: each call's stream waits for the previous call's event first
+// and records the event after its kernels (inside a stream capture as external event nodes, so
+// that every replay waits and records too), and a mutex is held from the wait to the record. So
+// two symm kernels of this process never spin on one GPU at the same time (between them they
+// could fill every SM with blocks that wait for counterparts that cannot start), and the ranks of
+// a group, which issue their calls in one program order, run them in that order on every GPU.
+class CallOrder {
+ public:
+  // The device's order, made on first use (process-wide, never destroyed: kernels enqueued before
+  // exit may still use its event).
+  static CallOrder& of_device(int device);
+  // Waits on the host until the device's last call so far has finished.
+  void synchronize();
+
+  // One call's place in the order: from begin() (waits for the previous call) to the end of its
+  // lifetime (records this call), also when a launch between them throws.
+  class Turn {
+   public:
+    Turn(CallOrder& order, cudaStream_t stream);
+    ~Turn();
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    std::unique_lock<std::mutex> lock_;
+    CallOrder& order_;
+    cudaStream_t stream_;
+    bool captured_;
+  };
+
+ private:
+  explicit CallOrder(int device);
+  std::mutex mutex_;
+  cudaEvent_t last_ = nullptr;
+};
 
 class SymmWorkspace {
  public:
@@ -34,11 +72,8 @@ class SymmWorkspace {
 
   // What the kernels are given about this rank.
   RankView view() const;
-  // Orders a call on `stream` after this workspace's previous call (StreamChain: a wait on the
-  // previous call's event when the stream changed); call_enqueued records the call's own event
-  // once its kernels are enqueued. Bookkeeping of call order only, hence const.
-  void order_call(cudaStream_t stream) const;
-  void call_enqueued(cudaStream_t stream) const;
+  // A call's turn on this workspace's device (CallOrder): hold it while its kernels are enqueued.
+  CallOrder::Turn turn(cudaStream_t stream) const { return CallOrder::Turn(*order_, stream); }
   int64_t rank() const { return rank_; }
   int64_t world() const { return world_; }
   const BufferLayout& layout() const { return layout_; }
@@ -56,9 +91,7 @@ class SymmWorkspace {
   double timeout_s_;
   volatile ErrorRecord* error_host_ = nullptr;
   ErrorRecord* error_dev_ = nullptr;
-  mutable StreamChain chain_;
-  cudaEvent_t eager_done_ = nullptr, capture_done_ = nullptr;  // the last call's, per chain
-  mutable cudaEvent_t pending_ = nullptr;  // the event the call being enqueued will record
+  CallOrder* order_ = nullptr;  // the device's
 };
 
 }  // namespace mhc_sp::symm

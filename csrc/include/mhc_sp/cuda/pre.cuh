@@ -81,6 +81,13 @@ struct PreShape {
   static constexpr int kFarLevels =
       kRegLevels + kSmemLevels >= 6 ? 0 : 12 - kRegLevels - kSmemLevels;
   static constexpr int kBlockLevels = kRegLevels + kSmemLevels + kFarLevels;
+  // project_block's static shared memory: staging, the tile's coefficients, the tree's levels.
+  // hc_mult 7 comes closest to the 48 KB a block may have without opting in to more (46 KB); the
+  // kernels' other shared words (is_last, the refusal word) must fit the rest.
+  static constexpr int kStaticSmemBytes =
+      kStageBytes + kCoefs * 4 + (kSmemLevels > 0 ? kSmemLevels * kTreeLevelBytes : 4);
+  static_assert(kStaticSmemBytes + 1024 <= 48 * 1024,
+                "a projection block keeps 1 KB of the 48 KB static shared memory for other words");
   // The fused finish reuses the staging buffer: mix sums, pre weights, reduction scratch.
   static constexpr int kFusedFinishBytes = (kFusedMaxTokens * (MP1 + N) + 32) * 4;
   static_assert(kFusedFinishBytes <= kStageBytes,

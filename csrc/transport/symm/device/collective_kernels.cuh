@@ -37,7 +37,8 @@ __device__ __forceinline__ void lamport_sum(const LamportSumParams& R) {
   const RankView& s = R.s;
   const uint64_t call = read_call(&s.state->lamport_calls);
   const int64_t mailbox = symm::mailbox_index(call);
-  const LamportTag tag = symm::lamport_tag(boundary::Op::kAllReduce, R.numel, 1, call);
+  const LamportTag tag =
+      symm::lamport_tag(boundary::Op::kAllReduce, R.numel, 1, call, gridDim.x, 1);
   const int64_t span = int64_t(kCopyThreads) * V;
   const bool ok = lamport_start(s, kOp, mailbox, tag, call, [&] {
 #pragma unroll 1
@@ -125,7 +126,10 @@ __device__ __forceinline__ void exchange_reduce(const CollectiveParams& R) {
         const int p = (E.s.rank + k) % E.s.world;
         if (p * shard + w.row >= E.rows) continue;
         uint8_t* dst = R.out + (p * shard + w.row) * rb + b;
-        if (!ok2) {
+        // After a failed first barrier the second one proves nothing about the peers' rows: a
+        // rank launched another way (another grid) pairs this block with blocks that never
+        // published them.
+        if (!ok || !ok2) {
           store_nan16(dst);
           continue;
         }

@@ -34,13 +34,16 @@ __device__ __forceinline__ CallHeader header_of_call(const ExchangeView& E, uint
 }
 
 // Every block writes this rank's header into headers[rank] of every peer's half (thread p to rank
-// p; the same bytes from every block), so that each block's own barrier orders it before the peer's
-// check.
+// p; the same bytes from every block, as relaxed 16-byte stores: concurrent writers of one value
+// are no data race), so that each block's own barrier orders it before the peer's check.
 __device__ __forceinline__ void push_header(const ExchangeView& E, const CallHeader& h,
                                             uint64_t call) {
   if (threadIdx.x >= E.s.world) return;
-  *reinterpret_cast<CallHeader*>(half_base(E.s, E.s.peers[threadIdx.x], call) +
-                                 symm::header_offset(E.s.rank)) = h;
+  auto* dst = reinterpret_cast<uint4*>(half_base(E.s, E.s.peers[threadIdx.x], call) +
+                                       symm::header_offset(E.s.rank));
+  const auto* src = reinterpret_cast<const uint4*>(&h);
+#pragma unroll
+  for (int k = 0; k < symm::kHeaderWords; ++k) store_relaxed_v4(dst + k, src[k]);
 }
 
 // Row r of source p's landing area in this rank's half.

@@ -3,13 +3,14 @@
 // The Lamport mailbox of the symm transport (layout and tags: transport/symm/layout.h):
 // decode-sized reductions with no barrier, the data its own signal.
 //
-// Memory ordering. Pushes are st.relaxed.sys (16 bytes), polls ld.relaxed.sys; a torn read can only
-// show some lanes still -0, which reads as "not arrived". The poller re-arms each vector right
-// after consuming it (the tags: the call's last block, once every block has checked them). The
-// next write to that vector is the same source's push three calls later, which needs this rank's
-// push of two calls later, which is issued after this kernel ends; every Lamport kernel starts with
-// fence.acq_rel.sys in each pushing thread, so the re-arming stores are ordered before the pushes
-// that let a peer proceed, and the peer's own fence orders its observation before its next pushes.
+// Memory ordering. Pushes are st.relaxed.sys (16 bytes, ptx.cuh), polls ld.relaxed.sys; a torn read
+// can only show some lanes still -0, which reads as "not arrived". The poller re-arms each vector
+// right after consuming it (the tags: the call's last block, once every block has checked them).
+// The next write to that vector is the same source's push three calls later, which needs this
+// rank's push of two calls later, which is issued after this kernel ends; every Lamport kernel
+// starts with fence.acq_rel.sys in each pushing thread, so the re-arming stores are ordered before
+// the pushes that let a peer proceed, and the peer's own fence orders its observation before its
+// next pushes.
 
 #include <cuda_runtime.h>
 
@@ -28,36 +29,8 @@ struct Mail;
 template <>
 struct Mail<8> {
   uint4 u;
-  __device__ __forceinline__ static Mail load(const void* p) {
-    Mail m;
-#if defined(MHC_SP_EMULATION)  // four relaxed 32-bit loads: all a v4 access is atomic as
-    ::mhc_sp::emulation::poll();
-    auto* w = static_cast<uint32_t*>(const_cast<void*>(p));
-    m.u.x = std::atomic_ref<uint32_t>(w[0]).load(std::memory_order_relaxed);
-    m.u.y = std::atomic_ref<uint32_t>(w[1]).load(std::memory_order_relaxed);
-    m.u.z = std::atomic_ref<uint32_t>(w[2]).load(std::memory_order_relaxed);
-    m.u.w = std::atomic_ref<uint32_t>(w[3]).load(std::memory_order_relaxed);
-#else
-    asm volatile("ld.relaxed.sys.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(m.u.x), "=r"(m.u.y), "=r"(m.u.z), "=r"(m.u.w)
-                 : "l"(p)
-                 : "memory");
-#endif
-    return m;
-  }
-  __device__ __forceinline__ void store(void* p) const {
-#if defined(MHC_SP_EMULATION)
-    auto* w = static_cast<uint32_t*>(p);
-    std::atomic_ref<uint32_t>(w[0]).store(u.x, std::memory_order_relaxed);
-    std::atomic_ref<uint32_t>(w[1]).store(u.y, std::memory_order_relaxed);
-    std::atomic_ref<uint32_t>(w[2]).store(u.z, std::memory_order_relaxed);
-    std::atomic_ref<uint32_t>(w[3]).store(u.w, std::memory_order_relaxed);
-#else
-    asm volatile("st.relaxed.sys.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x),
-                 "r"(u.y), "r"(u.z), "r"(u.w)
-                 : "memory");
-#endif
-  }
+  __device__ __forceinline__ static Mail load(const void* p) { return Mail{load_relaxed_v4(p)}; }
+  __device__ __forceinline__ void store(void* p) const { store_relaxed_v4(p, u); }
   __device__ __forceinline__ static Mail of(const Pack<8>& p) { return Mail{p.u}; }
   __device__ __forceinline__ static Mail of(const LamportTag& t) {
     const auto w = [&](int k) {

@@ -48,7 +48,8 @@ __device__ __forceinline__ void lamport_layer(const LamportLayerParams& R) {
   const PreArgs& a = R.pre;
   const uint64_t call = read_call(&s.state->lamport_calls);
   const int64_t mailbox = symm::mailbox_index(call);
-  const LamportTag tag = symm::lamport_tag(boundary::Op::kFusedLayer, a.T, a.H, call);
+  const LamportTag tag =
+      symm::lamport_tag(boundary::Op::kFusedLayer, a.T, a.H, call, gridDim.x, a.chunks_per_split);
   const bool ok = lamport_start(s, kOp, mailbox, tag, call, [&] {
   // This block's items: all T rows of their H-slices.
 #pragma unroll 1

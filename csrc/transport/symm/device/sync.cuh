@@ -169,7 +169,7 @@ __device__ __forceinline__ bool refused(const RankView& s, uint32_t op, uint64_t
 }
 
 // Whether rank p's header of the call, in this rank's half, equals `mine` (rule 4's fields; the
-// epoch is 0 on both sides, see header_of_call). Read as four 16-byte words and compared field by
+// epoch is 0 on both sides, see header_of_call). Read as five 16-byte words and compared field by
 // field, so nothing is copied to local memory.
 __device__ __forceinline__ uint64_t u64_of(uint32_t lo, uint32_t hi) {
   return (uint64_t(hi) << 32) | lo;
@@ -180,15 +180,21 @@ __device__ __forceinline__ bool header_matches(const CallHeader& mine, const uin
                     offsetof(CallHeader, rows) == 8 && offsetof(CallHeader, num_tokens) == 16 &&
                     offsetof(CallHeader, inner) == 24 && offsetof(CallHeader, dtype) == 32 &&
                     offsetof(CallHeader, elem_bytes) == 36 && offsetof(CallHeader, call) == 40 &&
-                    offsetof(CallHeader, epoch) == 48,
-                "the header's fields sit in its first four 16-byte words");
+                    offsetof(CallHeader, epoch) == 48 && offsetof(CallHeader, blocks) == 56 &&
+                    offsetof(CallHeader, finish_blocks) == 60 &&
+                    offsetof(CallHeader, chunks_per_split) == 64,
+                "the header's fields sit in its first five 16-byte words");
   const auto* src = reinterpret_cast<const uint4*>(half + symm::header_offset(p));
-  const uint4 w0 = __ldcg(src), w1 = __ldcg(src + 1), w2 = __ldcg(src + 2), w3 = __ldcg(src + 3);
+  const uint4 w0 = load_relaxed_v4(src), w1 = load_relaxed_v4(src + 1),
+              w2 = load_relaxed_v4(src + 2), w3 = load_relaxed_v4(src + 3),
+              w4 = load_relaxed_v4(src +
+                                   4);  // other blocks of p may still be writing the same bytes
   return w0.x == mine.op && w0.y == mine.flags && u64_of(w0.z, w0.w) == uint64_t(mine.rows) &&
          u64_of(w1.x, w1.y) == uint64_t(mine.num_tokens) &&
          u64_of(w1.z, w1.w) == uint64_t(mine.inner) && w2.x == mine.dtype &&
          w2.y == mine.elem_bytes && u64_of(w2.z, w2.w) == mine.call &&
-         u64_of(w3.x, w3.y) == mine.epoch;
+         u64_of(w3.x, w3.y) == mine.epoch && w3.z == mine.blocks && w3.w == mine.finish_blocks &&
+         w4.x == mine.chunks_per_split;
 }
 
 // The block barrier of rule 3, per block index: block `block` of every rank stores `epoch` into
@@ -240,12 +246,15 @@ __device__ __forceinline__ uint64_t read_call(const uint64_t* counter) {
 }
 
 // The call's end: the last block to get here runs last() (thread 0) and advances the counter.
+// Each block's fence before its increment and the last block's fence after it order every block's
+// reads of this call (the counter, the tags last() re-arms) before last()'s writes.
 template <class Last>
 __device__ __forceinline__ void end_call(uint32_t* done, uint64_t* calls, Last&& last) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      __threadfence();
       last();
       *done = 0;
       *calls += 1;

@@ -9,8 +9,8 @@
 #define C10_CUDA_CHECK(expr)                                                         \
   do {                                                                               \
     const cudaError_t mhc_sp_emulated_error = (expr);                                \
-    TORCH_CHECK(mhc_sp_emulated_error == cudaSuccess, "emulated CUDA error: ",       \
-                cudaGetErrorString(mhc_sp_emulated_error));                          \
+    TORCH_CHECK(mhc_sp_emulated_error == cudaSuccess,                                \
+                "emulated CUDA error: ", cudaGetErrorString(mhc_sp_emulated_error)); \
   } while (0)
 
 #define C10_CUDA_KERNEL_LAUNCH_CHECK() C10_CUDA_CHECK(cudaGetLastError())

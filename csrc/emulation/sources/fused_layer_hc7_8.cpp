@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: Apache-2.0
+// csrc/transport/symm/fused_layer_hc7_8.cu compiled for the emulated device (the same source).
+#include "transport/symm/fused_layer_hc7_8.cu"
