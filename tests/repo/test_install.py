@@ -242,6 +242,7 @@ def run(cmd, transcript: list, cwd, env, timeout=1800, check=True):
 
 
 def clean_env(**extra) -> dict:
+    """This environment without mhc_sp's switches and Python's and pip's settings."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -284,17 +285,25 @@ def test_an_isolated_pip_build_stops_before_compiling(tmp_path):
         pytest.skip("the package index does not offer the build requirements here")
     assert out.returncode != 0
     check_stop_message(output)
-    record("isolated", transcript)
+    record("isolated", transcript, tmp_path)
 
 
-def record(part: str, transcript: list) -> None:
+RECORD_COMMAND = (
+    "MHC_SP_INSTALL_RECORD=bench/results/install.json bash scripts/slow_tests.sh -k test_install"
+)
+
+
+def record(part: str, transcript: list, tmp_path: Path) -> None:
     """With MHC_SP_INSTALL_RECORD=FILE, keep this test's transcript in FILE (JSON, one key per
-    test) for bench/results."""
+    test) for bench/results, with the test's folder written $TMP and the source tree's ".".
+    """
     path = os.environ.get("MHC_SP_INSTALL_RECORD")
     if not path:
         return
     doc = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    doc[part] = transcript
+    doc.update(command=RECORD_COMMAND, torch=torch.__version__)
+    text = json.dumps(transcript).replace(str(tmp_path), "$TMP").replace(str(ROOT), ".")
+    doc[part] = json.loads(text)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -341,7 +350,9 @@ def test_wheel_installs_into_an_environment_with_its_own_torch(tmp_path):
     )
     (wheel,) = wheels.glob("mhc_sp-*.whl")
 
-    run([sys.executable, "-m", "venv", venv], transcript, outside, clean_env())
+    # --without-pip: pip, setuptools and the rest come from the environment reached below, so
+    # the new one holds the same versions of everything as the environment with the torch.
+    run([sys.executable, "-m", "venv", "--without-pip", venv], transcript, outside, clean_env())
     python = venv / "bin" / "python"
     site = Path(
         subprocess.run(
@@ -352,7 +363,9 @@ def test_wheel_installs_into_an_environment_with_its_own_torch(tmp_path):
         ).stdout.strip()
     )
     torch_site = reach_installed_torch(site, tmp_path / "installed-torch")
-    env = clean_env()
+    # No index and no configuration file (which may name folders of wheels): pip can only use
+    # what is installed, and fails rather than fetch anything.
+    env = clean_env(PIP_CONFIG_FILE=os.devnull)
     run([python, "-m", "pip", "install", "--no-index", wheel], transcript, outside, env)
 
     version = run([venv / "bin" / "mhc-sp-bench", "--version"], transcript, outside, env)
@@ -381,4 +394,4 @@ def test_wheel_installs_into_an_environment_with_its_own_torch(tmp_path):
         timeout=600,
     )
     assert "4" in layer.stdout
-    record("wheel", transcript)
+    record("wheel", transcript, tmp_path)
