@@ -272,25 +272,23 @@ class Setup:
         self.partial = partials[rank]
 
 
-def run_stacks(setup: Setup, comms: dict, group: str, trace: bool):
-    """The layer stack and head from the mid-model state, the three ways. Returns, per way,
-    ``[(residual, layer_input) per boundary] + [(hidden, final_stream)]`` when ``trace``."""
+def run_stacks(setup: Setup, comms: dict, group: str) -> dict:
+    """The layer stack and head from the mid-model state, the three ways; per way, the trace
+    ``[(residual, layer_input) per boundary] + [(hidden, final_stream)]``."""
     s, out = setup, {}
     residual, post, comb = s.stream
     for name, comm in comms.items():  # the engine's layout
-        rec = [] if trace else None
+        trace = []
         x = comm.reduce_scatter(s.partial) if s.sharded else comm.all_reduce(s.partial)
         state = (x, residual, post.unsqueeze(-1), comb)
         for w in s.layers:
-            state = EngineLayer(w, comm).forward(*state, s.sharded, rec)
-        if trace:
-            out[name] = rec + [engine_head(*state, s.head, comm, s.sharded)]
-    rec = [] if trace else None
+            state = EngineLayer(w, comm).forward(*state, s.sharded, trace)
+        out[name] = trace + [engine_head(*state, s.head, comm, s.sharded)]
+    trace = []
     state = (s.partial, residual, post, comb)
     for w in s.layers:
-        state = FusedLayer(w, group).forward(*state, s.sharded, s.num_tokens, rec)
-    if trace:
-        out["mhc_sp fused"] = rec + [fused_head(*state, s.head, group, s.sharded, s.num_tokens)]
+        state = FusedLayer(w, group).forward(*state, s.sharded, s.num_tokens, trace)
+    out["mhc_sp fused"] = trace + [fused_head(*state, s.head, group, s.sharded, s.num_tokens)]
     return out
 
 
@@ -309,7 +307,7 @@ def make_comms(group_pg, group: str) -> dict:
 def traces(setup: Setup, comms: dict, group: str) -> dict:
     """:func:`run_stacks` and :func:`entries` traced."""
     return {
-        "stacks": run_stacks(setup, comms, group, trace=True),
+        "stacks": run_stacks(setup, comms, group),
         "entries": entries(setup, comms, group),
     }
 
