@@ -17,8 +17,9 @@ places. ``FusedLayer`` is the same layer with each of those boundaries as one ``
 For every token count, sharded and replicated, the script runs the entry after the embedding, a
 stack of ``--layers`` layers from one mid-model state and the head, all three ways, checks that
 the engine layout on mhc_sp's collectives and the fused ops give bitwise the same residual stream,
-layer inputs, hidden state and final stream, that torch.distributed's agree with them within the
-bf16 tolerance, and then times the layer stack each way (the slowest rank, per layer).
+layer inputs, hidden state and final stream (the exit status says so), reports whether
+torch.distributed's agree with them within the bf16 tolerance and by how much, and then times the
+layer stack each way (the slowest rank, per layer).
 Attention and MoE are stand-ins of the same shape (a column-parallel and a row-parallel
 projection each): their cost is the "sublayers only" column.
 """
