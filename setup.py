@@ -31,6 +31,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import SetupError
 
 ROOT = Path(__file__).resolve().parent
 
@@ -170,6 +171,35 @@ def _tool(module_name, binary):
     return found
 
 
+#: The commands that build mhc_sp against the torch of the environment they run in.
+INSTALL_HERE = "pip install --no-build-isolation ."
+WHEEL_FOR_CLUSTER = "pip wheel --no-build-isolation --no-deps ."
+
+
+def _require_target_torch():
+    """mhc_sp's extension compiles against the torch that this Python imports, and only works with
+    that torch's major.minor (mhc_sp refuses another at import). A build-isolated build (pip's
+    default, python -m build, uv) runs in a temporary environment that cannot see the target
+    environment's torch; with torch not among the build requirements it has none at all, so the
+    build stops here, before it compiles anything, instead of building against whatever torch
+    the registry offers that day."""
+    try:
+        import torch
+    except ImportError as e:
+        raise SetupError(
+            f"mhc_sp: no torch to build against ({e}). mhc_sp compiles against the torch of the "
+            "environment it is installed into, and a build-isolated build (pip's default, "
+            "python -m build, uv) cannot see that environment. In the environment that holds "
+            f"the torch to use, run: {INSTALL_HERE}   (a wheel for machines with the same torch: "
+            f"{WHEEL_FOR_CLUSTER}; build tools, if missing: pip install setuptools wheel ninja "
+            "'cmake>=3.24' pybind11)"
+        ) from None
+    print(
+        f"mhc_sp: building against torch {torch.__version__} at {Path(torch.__file__).parent}",
+        file=sys.stderr,
+    )
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -202,6 +232,10 @@ class CMakeBuild(build_ext):
                     self.copy_file(str(built), str(target), level=self.verbose)
                 elif target.is_file():
                     target.unlink()
+
+    def run(self):
+        _require_target_torch()  # before anything is configured or compiled
+        super().run()
 
     def build_extension(self, ext):
         import pybind11
