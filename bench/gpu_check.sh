@@ -42,7 +42,7 @@
 #                                 times (bench/build_times.py) for the next estimate.
 #   build_info       4 s    30 s  python, torch and mhc_sp imports (3 s)
 #   cubin_gate       5 s    30 s  the whole step ran here: 4.8-5.1 s (cuobjdump 0.2 s a read)
-#   cuda_tests      70 s   150 s  pytest start-up (4.7 s) and CUDA start (~2 s); 223 tests: ~200
+#   cuda_tests      70 s   150 s  pytest start-up (4.7 s) and CUDA start (~2 s); 225 tests: ~200
 #                                 small kernel checks against the reference on the GPU (~0.05 s
 #                                 each), opcheck (2.6 s, then ~0.15 s a call), a cold
 #                                 torch.compile (22 s on CPU), two spawned NCCL worlds of one
