@@ -2,7 +2,8 @@
 """What a build's translation units cost, read from its ninja log, and the wall time the same
 build would take on another core count: the numbers behind bench/gpu_check.sh's build estimate.
 
-    python bench/build_times.py build/cmake-cpython-311-cuda/.ninja_log --cores 16 [--json F]
+    python bench/build_times.py build/cmake-cpython-311-cuda/.ninja_log --cores 16 [--top N]
+        [--json F]
 
 Reads the last build recorded in the log that compiled anything (each ninja run appends its
 entries, in the order they finish, with times from the run's own start). A translation unit's
@@ -84,6 +85,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("ninja_log")
     p.add_argument("--cores", type=int, default=16, help="cores of the machine to estimate for")
+    p.add_argument("--top", type=int, default=0, help="list only the N longest units")
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args(argv)
     if a.cores < 1:
@@ -98,7 +100,7 @@ def main(argv: list[str]) -> int:
         print(f"ninja_log: no build recorded in {a.ninja_log}", file=sys.stderr)
         return 2
     s = summarise(jobs, a.cores)
-    for u in s["units"]:
+    for u in s["units"][: a.top] if a.top > 0 else s["units"]:
         print(f"{u['seconds']:8.1f} s  {u['kind']:5s} {u['output']}")
     print(
         f"{s['cuda_units']} CUDA and {s['cxx_units']} C++ translation units, "

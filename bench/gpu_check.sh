@@ -63,7 +63,8 @@
 #
 # Everything a run produces goes to $OUT (default bench/out), at most 8 files: gpu_check.log (all
 # output), summary.json (per step: status, seconds, limit, pytest counts, failed tests, skipped
-# tests; the selection run; "ok"), symm_harness.json and bench.json. A step's status:
+# tests; the selection run; "ok"), build_times.json (what each translation unit took),
+# symm_harness.json and bench.json. A step's status:
 #   ok       it passed; every test that did not run skipped for a listed hardware reason (e.g. a
 #            world of 2 NCCL ranks on a machine with one GPU), listed under hardware_skips;
 #   partial  it passed but some tests skipped for another reason (e.g. no cuobjdump);
@@ -252,14 +253,17 @@ write_summary() {
   log "summary: $SUMMARY"
 }
 
-# The build, then what each translation unit cost (from the build's ninja log, the CUDA units
-# counted as CMakeLists.txt made them), for the next estimate of this step.
+# The build, then what each translation unit cost (from the ninja log the build wrote, the CUDA
+# units counted as CMakeLists.txt made them) in $OUT/build_times.json, for the next estimate.
 run_build() {
   local ok=0 ninja_log
+  touch "$WORK/build.start"
   step build "$T_BUILD" "$PY" setup.py build_ext --inplace || ok=1
-  ninja_log=$(ls -t build/cmake-*-cuda/.ninja_log 2>/dev/null | head -1)
+  ninja_log=$(find build -mindepth 2 -maxdepth 2 -path 'build/cmake-*-cuda/.ninja_log' \
+    -newer "$WORK/build.start" 2>/dev/null | head -1)
   if [[ -n $ninja_log ]]; then
-    "$PY" bench/build_times.py "$ninja_log" --cores "$(nproc)" 2>&1 | tail -12 | tee -a "$LOG"
+    "$PY" bench/build_times.py "$ninja_log" --cores "$(nproc)" --top 8 \
+      --json "$OUT/build_times.json" 2>&1 | tee -a "$LOG"
   fi
   return $ok
 }
