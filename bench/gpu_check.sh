@@ -38,8 +38,8 @@
 #                                 translation units (as CMakeLists.txt makes them; one
 #                                 architecture) and the C++ units on 16 cores, longest first: the
 #                                 longest unit bounds it (the symm launchers, 89 s on one core;
-#                                 the longest math op 52 s). The step prints the run's own unit
-#                                 times (bench/build_times.py) for the next estimate.
+#                                 the longest math op 52 s). The step records the run's own unit
+#                                 times (build_times.json) for the next estimate.
 #   build_info       4 s    30 s  python, torch and mhc_sp imports (3 s)
 #   cubin_gate       5 s    30 s  the whole step ran here: 4.8-5.1 s (cuobjdump 0.2 s a read)
 #   cuda_tests      70 s   150 s  pytest start-up (4.7 s) and CUDA start (~2 s); 225 tests: ~200
@@ -53,11 +53,11 @@
 #                                 spawn here, CUDA start, symmetric-memory rendezvous); the first
 #                                 runs ~150 time-sliced boundary calls and CPU references (4 s
 #                                 here), then 3 s timeouts waited out and a rank 7 s late
-#   phase 1        259 s   620 s  (phase 2: memcheck ~60 s, limit 120 s; symm_timings and
-#                                 op_bench 30 s each, their own budgets 20 s and 18 s)
+#   phase 1        259 s   620 s  (phase 2: memcheck ~60 s, a guess, limit 120 s; symm_timings
+#                                 and op_bench 30 s each, their own budgets 20 s and 18 s)
 #
 # What fits in 15 minutes of GPU time, the machine's start (1-3 minutes) included: phase 1 (about
-# 4.5 minutes), then phase 2 (3 minutes at its limits) and one rerun of the phase-1 steps that
+# 4.3 minutes), then phase 2 (3 minutes at its limits) and one rerun of the phase-1 steps that
 # failed (--only, on the machine that still has the build, which then takes seconds: up to about
 # 4 minutes). A second full run of both phases does not fit, nor a rerun on a fresh machine.
 #
