@@ -328,7 +328,8 @@ from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
 from mhc_sp.testing import OPS, pre_weights, random_inputs
 torch.cuda.init()
-op_inputs = [random_inputs(T, n, H, seed=1, device="cuda") for T, n, H in [(3, 4, 256), (70, 4, 72), (5, 2, 33)]]
+shapes = [(3, 4, 256), (70, 4, 72), (5, 2, 33)]
+op_inputs = [random_inputs(T, n, H, seed=1, device="cuda") for T, n, H in shapes]
 C = _C.symm_constants()
 cfg = MhcConfig().scalars()
 symm_inputs = {T: random_inputs(T, 4, 256, seed=2, device="cuda") for T in (3, 5)}
