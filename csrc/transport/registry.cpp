@@ -21,8 +21,10 @@ struct GroupEntry {
 };
 
 std::mutex registry_mutex;
-// Never destroyed: at interpreter exit the CUDA runtime may already be gone, and destroying an
-// NCCL communicator then can crash. mhc_sp.distributed.destroy() frees everything while it is safe.
+// Never destroyed: at the process's C++ exit the CUDA runtime may already be gone, and destroying
+// an NCCL communicator then can hang or crash. mhc_sp.distributed.destroy() frees everything while
+// it is safe, called by the user or by its hook at interpreter exit, through
+// unregister_all_groups().
 std::map<std::string, GroupEntry>& registry() {
   static auto* groups = new std::map<std::string, GroupEntry>();
   return *groups;

@@ -37,6 +37,7 @@ recorded the failure (a rank that was not in the failed call records it in its n
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import socket
@@ -404,10 +405,21 @@ def transport(group: GroupLike = None, device: torch.device | str | None = None)
 
 
 def destroy() -> None:
-    """Free every communicator and workspace and forget every group registered with :func:`init`."""
+    """Free every communicator and workspace and forget every group registered with :func:`init`.
+
+    NCCL communicators (the ``"nccl"`` transport's, and the one a symm group keeps) are destroyed,
+    or aborted after a failure; a communicator an op is still using goes when that op is done.
+    Also runs at interpreter exit (an :mod:`atexit` hook), while the CUDA runtime is certainly
+    alive; processes that end without exit hooks (``os._exit``, multiprocessing's fork and
+    forkserver children) should call it themselves, as ``mhc_sp.launch`` does."""
     _C.unregister_all_groups()
     _REASONS.clear()
     _symm.forget()
+
+
+# Registered when this module is first imported, which is after torch's own import: hooks run in
+# reverse order, so this one runs before torch's.
+atexit.register(destroy)
 
 
 def resolve(group: str) -> ProcessGroup:

@@ -2,7 +2,8 @@
 """Batch invariance and projection accuracy of the CUDA math ops (docs/design.md §3b): a token's
 outputs are bitwise the same whatever else shares its call (which changes the token tiles, the
 split of H over blocks, fused or separate finish) and whatever the vector width the pointers
-allow; the projection is no further from float64 than torch's fp32 matmul on the GPU.
+allow; the projection's coefficients are within the error of a correct fp32 tensor-core sum in the
+kernel's order, against float64 (tests/ops/test_accuracy.py).
 
 Skipped as a whole on machines without a GPU; bench/gpu_check.sh runs it.
 """
@@ -14,8 +15,8 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from mhc_sp import ops  # noqa: E402
-from mhc_sp import reference as R  # noqa: E402
 from mhc_sp.testing import OPS, random_inputs  # noqa: E402
+from test_accuracy import cuda_projection_depths, error_ratios, error_scales  # noqa: E402
 
 DEV = "cuda"
 TOKENS = [*range(1, 41), 255, 256, 257, 1000]
@@ -61,33 +62,17 @@ def test_vector_width_does_not_change_results(name):
         assert torch.equal(a, b), f"{name}.{out_name}"
 
 
-def float64_coefficients(residual, fn, scale, base, cfg=R.DEFAULT):
-    T, n, H = residual.shape
-    X = residual.double().reshape(T, n * H)
-    mix = (X @ fn.double().t()) * torch.rsqrt(X.square().mean(-1, keepdim=True) + cfg.rms_eps)
-    s, b = scale.double(), base.double()
-    post = torch.sigmoid(mix[:, n : 2 * n] * s[1] + b[n : 2 * n]) * cfg.hc_post_mult
-    logits = (mix[:, 2 * n :] * s[2] + b[2 * n :]).reshape(T, n, n)
-    return post, R.sinkhorn(logits, cfg.sinkhorn_iters, cfg.hc_sinkhorn_eps)
-
-
-def test_projection_error_is_at_most_torch_matmul_error():
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # torch's fp32 matmul, not TF32
-    try:
-        errors = {"post": [[], []], "comb": [[], []]}
-        for T, H in [(2048, 7168), (64, 4096), (48, 2048), (1, 4096)]:
-            i = random_inputs(T, 4, H, seed=T + H, device=DEV)
-            exact = float64_coefficients(i["residual"], i["fn"], i["scale"], i["base"])
-            ours = ops.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"])
-            fp32 = R.mhc_pre(i["residual"], i["fn"], i["scale"], i["base"])
-            for k, e, a, b in zip(("post", "comb"), exact, ours, fp32):
-                errors[k][0].append((a.double() - e).abs().flatten())
-                errors[k][1].append((b.double() - e).abs().flatten())
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    for k, (ours, fp32) in errors.items():
-        ours, fp32 = torch.cat(ours), torch.cat(fp32)
-        rms = [v.square().mean().sqrt().item() for v in (ours, fp32)]
-        assert rms[0] <= 1.1 * rms[1], f"{k}: rms error {rms[0]:.3g} vs torch {rms[1]:.3g}"
-        assert ours.max() <= 1.1 * fp32.max(), f"{k}: max {ours.max():.3g} vs {fp32.max():.3g}"
+def test_projection_error_is_within_a_correct_tensor_core_sums():
+    """Against float64 directly (tests/ops/test_accuracy.py derives the bounds): every post and comb
+    value within the first-order worst-case error of a correct fp32 sum in the kernel's order, and
+    their errors in rms within the typical error of one. Not "no worse than torch's fp32 matmul":
+    the tensor cores' own rounding may lose that comparison call by call without any defect."""
+    for T, H in [(2048, 7168), (64, 4096), (48, 2048), (1, 4096)]:
+        i = random_inputs(T, 4, H, seed=T + H, device=DEV)
+        args = (i["residual"], i["fn"], i["scale"], i["base"])
+        exact, scales = error_scales(*args, cuda_projection_depths(4, H))
+        post, comb, _ = ops.mhc_pre(*args)
+        ratios = error_ratios({"post": post, "comb": comb}, exact, scales)
+        for k, (worst, typical) in ratios.items():
+            assert worst <= 1, f"T={T} H={H} {k}: an error {worst:.3g} x the worst-case bound"
+            assert typical <= 1, f"T={T} H={H} {k}: rms error {typical:.3g} x the typical one"

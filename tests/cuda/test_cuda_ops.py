@@ -77,8 +77,11 @@ def test_large_T(name):
 
 @pytest.mark.parametrize("name", ["mhc_pre", "mhc_post_pre"])
 def test_long_projection_per_block(name):
-    """Enough 64-token tiles (T >= ~16.8k on 132 SMs) that each block projects the whole n*H = 16384
-    values alone: the tensor-core accumulation must not drift over that long a chain."""
+    """Enough 64-token tiles (266 at T = 17,000; from about 38 on 132 SMs) that plan_pre gives every
+    block the most chunks a block takes, 32 (1,024 hidden positions of each of the 4 streams, a
+    quarter of n*H = 16,384 values), and the finish adds the four blocks' subtrees: the
+    tensor-core sums run through the deepest tree a block holds, and the accumulation must not
+    drift over that long a chain."""
     check(name, inputs(17000, 4, 4096, seed=9))
 
 

@@ -1,9 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fused ops on CUDA with mhc_sp's NCCL communicator (skipped without a GPU). Worlds of 2 and 4
-run when there are that many GPUs, or when the installed NCCL lets ranks share one GPU
-(NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30)."""
+"""The fused ops on CUDA with mhc_sp's NCCL communicator, and its teardown (skipped without a GPU).
 
+The NCCL path has not run on a GPU yet: these tests are written for a machine with 2 and 4 GPUs
+and wait for one. Worlds of 2 and 4 run when there are that many GPUs, or when the installed NCCL
+lets ranks share one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, NCCL >= 2.30); on a machine with one GPU
+only the worlds of one run (no communicator: a world of one exchanges nothing), and the others
+skip with "N ranks need N GPUs ...", which bench/gpu_check.sh counts as a hardware skip there.
+Teardown: destroy() destroys the communicators, and its exit hook does the same for a process that
+ends without calling it (the CPU transports' teardown is tested in
+tests/transport/test_teardown.py)."""
+
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -29,12 +40,16 @@ def ranks_fit(world):
     return shared
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_fused_ops_on_nccl_match_reference(world):
+def skip_unless_ranks_fit(world):
     if not ranks_fit(world):
         pytest.skip(
             f"{world} ranks need {world} GPUs or NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL >= 2.30"
         )
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_fused_ops_on_nccl_match_reference(world):
+    skip_unless_ranks_fit(world)
     results = run_world(world, worker_fused_ops, "cuda", backend="cpu:gloo,cuda:nccl", timeout=300)
     assert [checked for checked, _ in results] == [len(boundary_cases(world))] * world
 
@@ -80,8 +95,7 @@ def worker_graph_capture(rank, world):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_fused_layer_graph_capture(world):
-    if not ranks_fit(world):
-        pytest.skip("not enough GPUs")
+    skip_unless_ranks_fit(world)
     assert (
         run_world(world, worker_graph_capture, backend="cpu:gloo,cuda:nccl", timeout=300)
         == [True] * world
@@ -99,9 +113,100 @@ def worker_cpu_only_group(rank, world):
 
 
 def test_cuda_tensor_on_group_without_nccl_raises():
-    if not ranks_fit(2):
-        pytest.skip("not enough GPUs")
+    skip_unless_ranks_fit(2)
     assert run_world(2, worker_cpu_only_group, backend="cpu:gloo,cuda:nccl", timeout=120) == [
         True,
         True,
     ]
+
+
+def worker_destroy_and_init_again(rank, world):
+    """destroy() destroys the group's communicator (the group is forgotten), a new init makes a new
+    one that works, and destroy() again leaves nothing."""
+    import mhc_sp.distributed as msd
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for _ in range(2):
+        group = msd.init(device="cuda", transport="nccl")
+        assert msd.transport(group, "cuda") == "nccl"
+        got = ops.all_reduce(torch.ones(4, 8, device=dev), group)
+        assert torch.equal(got.cpu(), torch.full((4, 8), float(world)))
+        torch.cuda.synchronize()
+        msd.destroy()
+        with pytest.raises(ValueError, match="is not initialised with mhc_sp"):
+            msd.transport(group, "cuda")
+    return True
+
+
+def test_destroy_then_init_again_on_nccl():
+    skip_unless_ranks_fit(2)
+    assert run_world(
+        2, worker_destroy_and_init_again, backend="cpu:gloo,cuda:nccl", timeout=180
+    ) == [True, True]
+
+
+# A rank that ends without destroy(): the exit hook destroys its NCCL communicator while the CUDA
+# runtime is alive, and the process exits cleanly and promptly. The check, registered before
+# mhc_sp is imported, runs after the hook.
+EXITING_NCCL_RANK = textwrap.dedent(
+    """
+    import atexit, json, os
+    import torch
+    import torch.distributed as dist
+
+    state = {}
+
+    def report():
+        from mhc_sp import _C
+        try:
+            _C.group_transport(state["group"], "cuda")
+            state["registered_at_exit"] = True
+        except ValueError:
+            state["registered_at_exit"] = False
+        print("REPORT " + json.dumps(state), flush=True)
+
+    atexit.register(report)
+    import mhc_sp  # registers mhc_sp.distributed's exit hook
+    import mhc_sp.distributed as msd
+    from mhc_sp import ops
+
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    state["group"] = msd.init(device="cuda", transport="nccl")
+    x = ops.all_reduce(torch.ones(4, 8, device="cuda"), state["group"])
+    torch.cuda.synchronize()
+    state["sum"] = float(x[0, 0])
+    """
+)
+
+
+def test_exit_hook_destroys_the_nccl_communicator():
+    skip_unless_ranks_fit(2)
+    from mhc_sp.launch import free_port
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", EXITING_NCCL_RANK],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    reports = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)  # a hang at exit fails here
+            assert p.returncode == 0, err
+            lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
+            assert len(lines) == 1, out + err
+            reports.append(json.loads(lines[0][len("REPORT ") :]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [r["sum"] for r in reports] == [2.0, 2.0]
+    assert [r["registered_at_exit"] for r in reports] == [False, False]

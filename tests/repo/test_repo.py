@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Promises the repository makes outside the code: it names nothing outside itself, the torchrun
-example works, the CUDA build's targets, the GPU check script's shape and time budget, and the
-tests' own layout (one folder per subject, the cuda marker on every test in tests/cuda)."""
+example works, the CUDA build's targets, and the tests' own layout (one folder per subject, the
+cuda marker on every test in tests/cuda). The GPU check script: tests/repo/test_gpu_check.py."""
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -59,91 +58,6 @@ def test_cuda_build_targets_hopper_and_blackwell():
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         pytest.skip("arch list chosen by TORCH_CUDA_ARCH_LIST")
     assert info["cuda_arch_list"] == "9.0a,10.0a"
-
-
-def gpu_check_text() -> str:
-    return (ROOT / "bench" / "gpu_check.sh").read_text()
-
-
-def test_gpu_check_script_parses_and_fits_its_time_budget():
-    script = ROOT / "bench" / "gpu_check.sh"
-    subprocess.run(["bash", "-n", str(script)], check=True)
-    limits = {
-        k: int(v)
-        for k, v in re.findall(r"^(T_[A-Z]+)=\$\{T_[A-Z]+:-(\d+)\}", gpu_check_text(), re.M)
-    }
-    total = limits.pop("T_TOTAL")
-    assert {"T_BUILD", "T_TESTS", "T_SIM", "T_WORLD", "T_SANITIZER", "T_BENCH"} <= limits.keys()
-    # Every step's own limit fits in the script's, which leaves a rerun inside 15 GPU minutes.
-    assert sum(limits.values()) <= total < 8 * 60, limits
-
-
-# bench/gpu_check.sh's steps, most valuable first: build, CUDA op tests, the symm checks, memcheck,
-# timings last.
-GPU_CHECK_STEPS = [
-    "build",
-    "build_info",
-    "cubin_gate",
-    "cuda_tests",
-    "symm_sim",
-    "symm_world",
-    "memcheck",
-    "symm_timings",
-    "op_bench",
-]
-
-
-def test_gpu_check_script_orders_its_steps_by_value():
-    names = re.findall(r"^\s*(?:if ! )?step (\w+) ", gpu_check_text(), re.M)
-    assert names == GPU_CHECK_STEPS
-
-
-def test_gpu_check_script_runs_every_cuda_test_file():
-    text = gpu_check_text()
-    cuda_files = sorted(p.relative_to(ROOT).as_posix() for p in TESTS.glob("cuda/test_*.py"))
-    assert cuda_files
-    missing = [name for name in cuda_files if name not in text]
-    assert not missing, missing
-
-
-def test_gpu_check_script_records_skipped_steps_as_not_ok(tmp_path):
-    """A step that cannot run is "skipped" in summary.json and the summary is not ok: run the
-    script with a python that fails the build at once (no GPU needed)."""
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\nif [ "$1" = "-" ]; then exec {sys.executable} "$@"; fi\nexit 7\n')
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=str(fake), OUT=str(out), PATH="/usr/bin:/bin")
-    subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu_check.sh")],
-        env=env,
-        timeout=60,
-        capture_output=True,
-        check=False,
-    )
-    import json
-
-    summary = json.loads((out / "summary.json").read_text())
-    status = {s["name"]: s["status"] for s in summary["steps"]}
-    assert status["build"] == "failed" and summary["ok"] is False
-    assert [k for k, v in status.items() if v == "skipped"] == GPU_CHECK_STEPS[1:]
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "summary.json"]
-
-
-def test_gpu_check_script_python_and_benchmark_flags_are_valid():
-    """What only a GPU machine runs must at least compile and parse here."""
-    from mhc_sp.bench import cli
-
-    text = gpu_check_text()
-    snippets = re.findall(r"\"\$PY\" -c '(.*?)'\n", text, re.S)
-    assert len(snippets) >= 2
-    for code in snippets:
-        compile(code, "gpu_check.sh", "exec")
-    joined = text.replace("\\\n", " ")
-    (bench,) = re.findall(r"^step op_bench .*? -m mhc_sp\.bench (ops .*?)$", joined, re.M)
-    argv = shlex.split(re.sub(r"\$\(\([^)]*\)\)|\$\w+|\$\{\w+\}", "1", bench))
-    args = cli.build_parser().parse_args(argv)
-    assert args.device == "cuda" and args.budget_s > 0 and args.json
 
 
 def tracked_text_files():
