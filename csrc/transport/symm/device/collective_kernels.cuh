@@ -90,17 +90,22 @@ __device__ __forceinline__ void exchange_reduce(const CollectiveParams& R) {
   const int block = blockIdx.x;
   const int64_t rb = E.X.row_bytes, shard = E.X.in_rows;
   const uint64_t call = read_call(&E.s.state->exchange_calls);
-  if (refused(E.s, E.header.op, call)) return poison_share(R.out, R.out_bytes);
+  // Refused (a broken workspace): nothing is pushed or read, and the block writes NaN exactly
+  // where it would have written results, as a failed barrier does.
+  const bool refuse = refused(E.s, E.header.op, call);
   uint64_t epoch = block_epoch(E.s, block) + 1;
   const CallHeader mine = header_of_call(E, call);
-  push_header(E, mine, call);
-  for (RowWalk w = block_spans(rb); w.row < shard; w.next()) {
-    const int64_t b0 = int64_t(w.col) * kSpanBytes, b1 = min(rb, b0 + kSpanBytes);
-    push_shard_rows<8>(E, call, reinterpret_cast<const uint16_t*>(R.in), rb / 2, w.row, w.row + 1,
-                       b0 / 2, b1 / 2);
-  }
   uint8_t* half = half_base(E.s, own_buffer(E.s), call);
-  const bool ok = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseFirst, mine, half);
+  bool ok = false;
+  if (!refuse) {
+    push_header(E, mine, call);
+    for (RowWalk w = block_spans(rb); w.row < shard; w.next()) {
+      const int64_t b0 = int64_t(w.col) * kSpanBytes, b1 = min(rb, b0 + kSpanBytes);
+      push_shard_rows<8>(E, call, reinterpret_cast<const uint16_t*>(R.in), rb / 2, w.row, w.row + 1,
+                         b0 / 2, b1 / 2);
+    }
+    ok = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseFirst, mine, half);
+  }
   const LandingX xs{&E, half, ok};  // NaN rows when the barrier or the header check failed
   for (RowWalk w = block_spans(rb); w.row < shard; w.next()) {
     const int64_t b = int64_t(w.col) * kSpanBytes + int64_t(threadIdx.x) * 16;
@@ -110,15 +115,17 @@ __device__ __forceinline__ void exchange_reduce(const CollectiveParams& R) {
     const Pack<8> v = Pack<8>::from_float(x);
     if constexpr (kOp == boundary::Op::kReduceScatter) {
       v.store(reinterpret_cast<uint16_t*>(R.out + w.row * rb + b));
-    } else {
+    } else if (!refuse) {
       v.store(reinterpret_cast<uint16_t*>(half + E.X.out_offset + w.row * rb + b));
     }
   }
   if constexpr (kOp == boundary::Op::kAllReduce) {
-    set_block_epoch(E.s, block, epoch);
-    epoch += 1;
-    const bool ok2 =
-        block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseSecond, mine, nullptr);
+    bool ok2 = false;
+    if (!refuse) {
+      set_block_epoch(E.s, block, epoch);
+      epoch += 1;
+      ok2 = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseSecond, mine, nullptr);
+    }
     for (RowWalk w = block_spans(rb); w.row < shard; w.next()) {
       const int64_t b = int64_t(w.col) * kSpanBytes + int64_t(threadIdx.x) * 16;
       if (b >= rb) continue;
@@ -139,7 +146,7 @@ __device__ __forceinline__ void exchange_reduce(const CollectiveParams& R) {
       }
     }
   }
-  set_block_epoch(E.s, block, epoch);
+  if (!refuse) set_block_epoch(E.s, block, epoch);
   end_call(&E.s.state->exchange_done, &E.s.state->exchange_calls);
 }
 
@@ -149,21 +156,24 @@ __device__ __forceinline__ void exchange_gather(const CollectiveParams& R) {
   const int block = blockIdx.x;
   const int64_t rb = E.X.row_bytes, rows = E.X.out_rows;
   const uint64_t call = read_call(&E.s.state->exchange_calls);
-  if (refused(E.s, E.header.op, call)) return poison_share(R.out, R.out_bytes);
+  const bool refuse = refused(E.s, E.header.op, call);  // then NaN where the rows would go
   const uint64_t epoch = block_epoch(E.s, block) + 1;
   uint8_t* half = half_base(E.s, own_buffer(E.s), call);
   uint8_t* published = half + E.X.out_offset;
   const CallHeader mine = header_of_call(E, call);
-  push_header(E, mine, call);
-  for (RowWalk w = block_spans(rb); w.row < rows; w.next()) {
-    const int64_t b = int64_t(w.col) * kSpanBytes + int64_t(threadIdx.x) * 16;
-    if (b < rb) {
-      *reinterpret_cast<uint4*>(published + w.row * rb + b) =
-          __ldg(reinterpret_cast<const uint4*>(R.in + w.row * rb + b));
+  bool ok = false;
+  if (!refuse) {
+    push_header(E, mine, call);
+    for (RowWalk w = block_spans(rb); w.row < rows; w.next()) {
+      const int64_t b = int64_t(w.col) * kSpanBytes + int64_t(threadIdx.x) * 16;
+      if (b < rb) {
+        *reinterpret_cast<uint4*>(published + w.row * rb + b) =
+            __ldg(reinterpret_cast<const uint4*>(R.in + w.row * rb + b));
+      }
     }
+    ok = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseFirst, mine, half);
+    set_block_epoch(E.s, block, epoch);
   }
-  const bool ok = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseFirst, mine, half);
-  set_block_epoch(E.s, block, epoch);
   // Keep only rows below the header's num_tokens (-1: all) of the concatenation.
   const int64_t keep = E.header.num_tokens < 0 ? rows * E.s.world : E.header.num_tokens;
   for (RowWalk w = block_spans(rb); w.row < rows; w.next()) {

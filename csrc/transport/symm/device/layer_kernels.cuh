@@ -119,9 +119,12 @@ __device__ __forceinline__ void sharded_layer_project(const ShardedLayerParams& 
 // Kernel B (a programmatic dependent of A in production): the finish (Sinkhorn, collapse, RMSNorm)
 // of the shard's real rows into this rank's published `out` rows, zeros for the padding rows'
 // post, comb and residual_out, barrier, then pull every rank's rows into the gathered output. On
-// a broken workspace (A failed here, or a peer broke it) every output of the call is NaN; a block
-// whose barrier fails fills the gathered rows it would have pulled with NaN. Kernel A's grid has
-// completed (stream order, or wait_for_prerequisite_grid under a programmatic dependent launch).
+// a broken workspace (A failed here, or a peer broke it) the block writes NaN over every output
+// row of its groups, stream rows and gathered rows alike; a block whose barrier fails fills the
+// gathered rows it would have pulled with NaN. Each block writes only its own groups' rows, so a
+// call whose blocks see the break at different times still never has two writers of a row.
+// Kernel A's grid has completed (stream order, or wait_for_prerequisite_grid under a programmatic
+// dependent launch).
 template <int N, int V>
 __device__ __forceinline__ void sharded_layer_finish(const ShardedLayerParams& R) {
   const ExchangeView& E = R.e;
@@ -132,39 +135,41 @@ __device__ __forceinline__ void sharded_layer_finish(const ShardedLayerParams& R
   const int block = blockIdx.x;
   const uint64_t call = read_call(&E.s.state->exchange_calls);
   const int64_t shard = R.pre.T, H = R.pre.H;
-  if (refused(E.s, E.header.op, call)) {
-    poison_share(R.pre.stream_out, shard * N * H * 2);
-    poison_share(R.pre.post, shard * N * 4);
-    poison_share(R.pre.comb, shard * N * N * 4);
-    poison_share(R.gathered, E.header.num_tokens * H * 2);
-    return;
-  }
+  const bool refuse = refused(E.s, E.header.op, call);
   uint8_t* half = half_base(E.s, own_buffer(E.s), call);
   PreArgs a = R.pre;
   a.out = reinterpret_cast<uint16_t*>(half + E.X.out_offset);
   const int64_t groups = (shard + kFinishTokens - 1) / kFinishTokens;
+  const uint16_t nan_bits = 0xffffu;  // all-ones: NaN as bf16 and, two at a time, as fp32
 #pragma unroll 1
   for (int64_t g = block; g < groups; g += gridDim.x) {
     const int64_t t0 = g * kFinishTokens, t1 = min(shard, t0 + kFinishTokens);
-    const int64_t real = max(int64_t(0), min(t1, E.valid) - t0);
+    const int64_t real = refuse ? 0 : max(int64_t(0), min(t1, E.valid) - t0);
     if (real > 0)
       finish_group<N, Mode::PostPre, V>(a, t0, static_cast<int>(real), mix_s, pre_s, red);
-    for (int64_t t = t0 + real; t < t1; ++t) {  // padding rows of the stream outputs are zeros
+    // Padding rows of the stream outputs are zeros; every row of a refused call NaN.
+    const float fill = refuse ? __int_as_float(-1) : 0.f;
+    for (int64_t t = t0 + real; t < t1; ++t) {
       for (int k = threadIdx.x; k < N + N * N; k += blockDim.x) {
         if (k < N) {
-          a.post[t * N + k] = 0.f;
+          a.post[t * N + k] = fill;
         } else {
-          a.comb[t * N * N + (k - N)] = 0.f;
+          a.comb[t * N * N + (k - N)] = fill;
         }
       }
-      for (int64_t k = threadIdx.x; k < N * H; k += blockDim.x) a.stream_out[t * N * H + k] = 0;
+      const uint16_t stream_fill = refuse ? nan_bits : uint16_t(0);
+      for (int64_t k = threadIdx.x; k < N * H; k += blockDim.x) {
+        a.stream_out[t * N * H + k] = stream_fill;
+      }
     }
     __syncthreads();  // mix_s / pre_s are rewritten by the next group
   }
-  const uint64_t epoch = block_epoch(E.s, block) + 1;
-  const bool ok =
-      block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseSecond, E.header, nullptr);
-  set_block_epoch(E.s, block, epoch);
+  bool ok = false;
+  if (!refuse) {
+    const uint64_t epoch = block_epoch(E.s, block) + 1;
+    ok = block_barrier(E.s, block, epoch, E.header.op, symm::kPhaseSecond, E.header, nullptr);
+    set_block_epoch(E.s, block, epoch);
+  }
   // Pull: the rows of this block's groups from every rank (rank p's block `block` wrote them),
   // row by row, vectors across the threads.
   const int per_row = static_cast<int>(H / V);

@@ -25,9 +25,10 @@
 // poisons what the failing block would have produced (NaN); every other waiter sees the broken
 // word within 64 polls and does the same. A kernel that starts on a broken workspace records
 // kPeerBroken (naming the rank that broke it), reads and pushes nothing, and fills its outputs with
-// NaN. So every output element of a failed call is either what a good call would have produced or
-// NaN, never a stale or uninitialised value, eager or replayed; the next eager op on the group
-// raises (SymmWorkspace::check).
+// NaN (each block the outputs it would have written, so that no row has two writers). So every
+// output element of a failed call is either what a good call would have produced or NaN, never a
+// stale or uninitialised value, eager or replayed; the next eager op on the group raises
+// (SymmWorkspace::check).
 
 #include <cuda_runtime.h>
 
@@ -49,21 +50,6 @@ template <int V>
 __device__ __forceinline__ void fill_nan(float (&v)[V]) {
 #pragma unroll
   for (int e = 0; e < V; ++e) v[e] = __int_as_float(0x7fc00000);
-}
-
-// Fills this block's share (one of gridDim.x) of the `bytes` bytes at p (16-byte aligned) with
-// all-ones bytes: NaN in every floating-point format (-1 in integer ones).
-__device__ __forceinline__ void poison_share(void* p, int64_t bytes) {
-  if (p == nullptr || bytes <= 0) return;
-  const uint4 ones = make_uint4(~0u, ~0u, ~0u, ~0u);
-  const int64_t vecs = bytes / 16, stride = int64_t(gridDim.x) * blockDim.x;
-#pragma unroll 1
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vecs; v += stride) {
-    static_cast<uint4*>(p)[v] = ones;
-  }
-  if (blockIdx.x == 0 && threadIdx.x < bytes - vecs * 16) {
-    static_cast<uint8_t*>(p)[vecs * 16 + threadIdx.x] = 0xff;
-  }
 }
 
 __device__ __forceinline__ uint8_t* own_buffer(const RankView& s) { return s.peers[s.rank]; }
