@@ -274,7 +274,35 @@ def test_the_ranks_of_a_world_need_their_own_devices():
         world(2, devices=[3, 3])
 
 
-@pytest.mark.parametrize("tp", [2, 8])
+@pytest.mark.parametrize("tp,T", [(2, 7), (3, 17), (4, 5)])
+def test_sharded_rows_equal_the_replicated_rows(tp, T):
+    """One stream held whole by every rank (replicated: the Lamport boundary up to 16 tokens, else
+    the composed one) and the same stream sharded over the ranks: every rank's shard rows are
+    bitwise the replicated rows, and the gathered layer input is the replicated one."""
+    w = world(tp)
+    full = random_inputs(T, N, H, seed=T + tp)
+    stream = [full[k] for k in ("residual", "post", "comb")]
+    g = torch.Generator().manual_seed(tp)
+    partials = [torch.randn(T, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
+
+    def call(r, sharded):
+        own = [R.shard_tokens(t, r, tp).contiguous() for t in stream] if sharded else stream
+        args = (partials[r], *own, *pre_weights(full), None, sharded, T, *CFG.scalars())
+        return ("fused_layer", args)
+
+    replicated = outputs(w.run([call(r, False) for r in range(tp)]))
+    sharded = outputs(w.run([call(r, True) for r in range(tp)]))
+    shard = -(-T // tp)
+    for r in range(tp):
+        rows = slice(r * shard, min(T, (r + 1) * shard))
+        v = rows.stop - rows.start if rows.stop > rows.start else 0
+        for name, a, b in zip(("residual_out", "post", "comb"), sharded[r][:3], replicated[r][:3]):
+            expect_bitwise(f"rank {r} {name}", a[:v], b[rows])
+        expect_bitwise(f"rank {r} layer_input", sharded[r][3], replicated[r][3])
+    no_errors(w)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
 @pytest.mark.parametrize("sharded", [False, True])
 def test_fused_entry_and_head(tp, sharded):
     w = world(tp)
@@ -293,7 +321,7 @@ def test_fused_entry_and_head(tp, sharded):
     no_errors(w)
 
 
-@pytest.mark.parametrize("tp", [2, 3, 8])
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
 def test_collectives(tp):
     w = world(tp)
     g = torch.Generator().manual_seed(tp)
