@@ -17,6 +17,7 @@
 #include "mhc_sp/cuda/launch.cuh"
 #include "mhc_sp/ops.h"
 #include "mhc_sp/python_errors.h"
+#include "testing/symm_errors.h"
 #include "transport/symm/layout.h"
 
 namespace py = pybind11;
@@ -139,21 +140,6 @@ py::list run_world(World& w, const std::vector<std::optional<std::pair<std::stri
   return result;
 }
 
-py::object error_dict(const symm::ErrorRecord& e) {
-  if (e.code == symm::kNoError) return py::none();
-  static const char* const kCodes[] = {"none", "timeout", "mismatch", "peer_broken"};
-  py::dict d;
-  d["code"] = e.code < 4 ? kCodes[e.code] : "unknown";
-  d["rank"] = e.rank;
-  d["peer"] = e.peer;
-  d["block"] = e.block;
-  d["op"] = e.op;
-  d["phase"] = e.phase;
-  d["epoch"] = e.epoch;
-  d["waited_s"] = static_cast<double>(e.waited_ns) * 1e-9;
-  return std::move(d);
-}
-
 void bind(py::module_& m) {
   m.def(
       "configure",
@@ -227,7 +213,8 @@ void bind(py::module_& m) {
       .def("errors",
            [](const World& w) {
              py::list out;
-             for (int64_t r = 0; r < w.size(); ++r) out.append(error_dict(w.workspace(r).error()));
+             for (int64_t r = 0; r < w.size(); ++r)
+               out.append(testing::error_dict(w.workspace(r).error()));
              return out;
            })
       .def(

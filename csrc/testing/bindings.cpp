@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "testing/symm_errors.h"
 #include "testing/symm_sim.h"
 #include "transport/symm/launch.h"
 #endif
@@ -112,21 +113,6 @@ const char* path_name(Path p) {
 
 cudaStream_t current_stream(const Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
-
-py::object error_dict(const ErrorRecord& e) {
-  if (e.code == kNoError) return py::none();
-  static const char* const kCodes[] = {"none", "timeout", "mismatch", "peer_broken"};
-  py::dict d;
-  d["code"] = e.code < 4 ? kCodes[e.code] : "unknown";
-  d["rank"] = e.rank;
-  d["peer"] = e.peer;
-  d["block"] = e.block;
-  d["op"] = e.op;
-  d["phase"] = e.phase;
-  d["epoch"] = e.epoch;
-  d["waited_s"] = static_cast<double>(e.waited_ns) * 1e-9;
-  return std::move(d);
 }
 
 void check_list(const std::vector<Tensor>& v, const char* name, int64_t world) {

@@ -79,6 +79,19 @@ def assert_close(actual: Tensor, expected: Tensor, name: str = "") -> None:
     )
 
 
+def bits(t: Tensor) -> Tensor:
+    """The raw bits of a bf16 or fp32 tensor (as int16 / int32), for bitwise comparisons."""
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def assert_bitwise(name: str, got: Tensor, want: Tensor) -> None:
+    """``got`` is bit for bit ``want`` (NaN payloads and signed zeros included), same shape and
+    dtype; the message says how many elements differ."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape)
+    bad = int((bits(got) != bits(want)).sum())
+    assert bad == 0, f"{name}: {bad} of {got.numel()} elements differ bitwise"
+
+
 def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
     """Seeded tensors for every math op at DeepSeek-V4-like scales, drawn on ``device`` (the same
     seed gives other values on another device type). Keys: the stream ``residual (T, n, H)`` and

@@ -21,7 +21,14 @@ import torch
 from mhc_sp import _C, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.testing import assert_close, load_testing_module, pre_weights, random_inputs
+from mhc_sp.testing import (
+    assert_bitwise,
+    assert_close,
+    bits,
+    load_testing_module,
+    pre_weights,
+    random_inputs,
+)
 
 _testing = load_testing_module()
 pytestmark = pytest.mark.skipif(
@@ -47,16 +54,6 @@ def group(tp: int, max_sharded_tokens: int = 1024, hidden: int = H, timeout: flo
         max(need, 1 << 20),
         timeout,
     )
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def expect_bitwise(name: str, got: torch.Tensor, want: torch.Tensor):
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape)
-    bad = int((bits(got) != bits(want)).sum())
-    assert bad == 0, f"{name}: {bad} of {got.numel()} elements differ bitwise"
 
 
 class Case:
@@ -121,22 +118,22 @@ class Case:
             v = self.valid(r)
             want = self.expected(r)
             for name, got, w in zip(("residual_out", "post", "comb"), out[:3], want[:3]):
-                expect_bitwise(f"rank {r} {name}", got[:v], w)
+                assert_bitwise(f"rank {r} {name}", got[:v], w)
                 assert int(torch.count_nonzero(got[v:])) == 0, f"rank {r} {name} padding rows"
             # The coefficients and layer_input are the pre of the call's own residual_out.
             own = ops.mhc_pre(out[0][:v], *pre_weights(self.w))
             for name, got, w in zip(("post", "comb"), out[1:3], own[:2]):
-                expect_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
+                assert_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
             if self.sharded:
                 gathered.append(want[3])
             else:
-                expect_bitwise(f"rank {r} layer_input", out[3], want[3])
-                expect_bitwise(f"rank {r} layer_input vs mhc_pre(residual_out)", out[3], own[2])
+                assert_bitwise(f"rank {r} layer_input", out[3], want[3])
+                assert_bitwise(f"rank {r} layer_input vs mhc_pre(residual_out)", out[3], own[2])
             if cpu_reference and v:
                 self.check_reference(r, out, v)
         if self.sharded:
             for r, out in enumerate(outs):
-                expect_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
+                assert_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
 
     def check_reference(self, r, out, v):
         x = R.sum_partials([p[: self.T].cpu() for p in self.partials])
@@ -219,19 +216,19 @@ def test_collectives(sims, tp):
         for x in xs:
             x[:, :16] = -0.0
         for r, out in enumerate(sim.collective("all_reduce", xs)):
-            expect_bitwise(f"all_reduce rows {rows} rank {r}", out, R.sum_partials(xs))
+            assert_bitwise(f"all_reduce rows {rows} rank {r}", out, R.sum_partials(xs))
     # reduce_scatter of rows that are not a multiple of the world: shards of ceil(rows / tp)
     # rows, the rows past the end zero.
     rows = 5 * tp + 3
     xs = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)]
     total = R.sum_partials(xs)
     for r, out in enumerate(sim.collective("reduce_scatter", xs)):
-        expect_bitwise(f"reduce_scatter rank {r}", out, R.shard_tokens(total, r, tp))
+        assert_bitwise(f"reduce_scatter rank {r}", out, R.shard_tokens(total, r, tp))
     xs = [torch.randn(7, H // 2, generator=g, device="cuda") for _ in range(tp)]  # fp32 rows
     for keep in (7 * tp - 3, -1):
         want = torch.cat(xs)[: keep if keep >= 0 else None]
         for r, out in enumerate(sim.collective("all_gather", xs, keep)):
-            expect_bitwise(f"all_gather keep {keep} rank {r}", out, want)
+            assert_bitwise(f"all_gather keep {keep} rank {r}", out, want)
     no_errors(sim)
 
 
@@ -351,12 +348,12 @@ def test_production_launch_collectives():
         x = torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16)
         x[:, :8] = -0.0
         (out,) = sim.collective("all_reduce", [x], production=True)
-        expect_bitwise(f"all_reduce rows {rows}", out, R.sum_partials([x]))
+        assert_bitwise(f"all_reduce rows {rows}", out, R.sum_partials([x]))
     (out,) = sim.collective("reduce_scatter", [x], production=True)
-    expect_bitwise("reduce_scatter", out, R.sum_partials([x]))
+    assert_bitwise("reduce_scatter", out, R.sum_partials([x]))
     y = torch.randn(5, 64, generator=g, device="cuda")
     (out,) = sim.collective("all_gather", [y], 4, production=True)
-    expect_bitwise("all_gather", out, y[:4])
+    assert_bitwise("all_gather", out, y[:4])
     no_errors(sim)
 
 

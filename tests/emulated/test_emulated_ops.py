@@ -9,11 +9,11 @@ within the emulation: batch invariance (a token's outputs do not depend on the o
 grid or the order of threads), and mhc_post_pre = mhc_post then mhc_pre."""
 
 import pytest
-import torch
 
 from mhc_sp.testing import (
     EMULATED_MODULE_MISSING,
     OPS,
+    assert_bitwise,
     check_outputs,
     load_emulated_module,
     random_inputs,
@@ -42,16 +42,6 @@ def device():
 def run(info, sample):
     out = getattr(E, info.name)(*info.schema_args(sample))
     return out if isinstance(out, tuple) else (out,)
-
-
-def bits(t):
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def expect_bitwise(name, got, want):
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape)
-    bad = int((bits(got) != bits(want)).sum())
-    assert bad == 0, f"{name}: {bad} of {got.numel()} elements differ bitwise"
 
 
 # (T, n, H, what it takes): every plan and path of the launchers.
@@ -123,7 +113,7 @@ def test_token_rows_do_not_depend_on_the_batch_or_the_grid(name):
     for k in (1, 16, 17):
         part = {key: (v[:k] if v.dim() > 0 and v.shape[0] == T else v) for key, v in full.items()}
         for name_, got, want in zip(info.outputs, run(info, info.sample(part)), whole):
-            expect_bitwise(f"{name}.{name_} of the first {k} tokens", got, want[:k])
+            assert_bitwise(f"{name}.{name_} of the first {k} tokens", got, want[:k])
     mode = MODES.get(name, "pre")
     splits = {E.plan_pre(n, mode, T, H)["splits"]} if name != "mhc_post" else set()
     for sms, seed in ((1, 7), (13, 3)):
@@ -131,7 +121,7 @@ def test_token_rows_do_not_depend_on_the_batch_or_the_grid(name):
         if name != "mhc_post":
             splits.add(E.plan_pre(n, mode, T, H)["splits"])
         for name_, got, want in zip(info.outputs, run(info, info.sample(full)), whole):
-            expect_bitwise(f"{name}.{name_} on {sms} SMs", got, want)
+            assert_bitwise(f"{name}.{name_} on {sms} SMs", got, want)
     assert name == "mhc_post" or len(splits) >= 2, splits  # other split-K plans ran too
 
 
@@ -140,10 +130,10 @@ def test_post_pre_equals_post_then_pre(T, H):
     s = random_inputs(T, 4, H, seed=T + H)
     post_pre = run(OPS["mhc_post_pre"], OPS["mhc_post_pre"].sample(s))
     (stream,) = run(OPS["mhc_post"], OPS["mhc_post"].sample(s))
-    expect_bitwise("residual_out", post_pre[0], stream)
+    assert_bitwise("residual_out", post_pre[0], stream)
     pre = run(OPS["mhc_pre"], OPS["mhc_pre"].sample({**s, "residual": stream}))
     for name, got, want in zip(("post", "comb", "layer_input"), post_pre[1:], pre):
-        expect_bitwise(name, got, want)
+        assert_bitwise(name, got, want)
 
 
 def test_bad_input_is_refused_by_the_entry():

@@ -21,6 +21,7 @@ from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
 from mhc_sp.testing import (
     EMULATED_MODULE_MISSING,
+    assert_bitwise,
     assert_close,
     head_weights,
     load_emulated_module,
@@ -46,16 +47,6 @@ def device():
 
 def world(tp, timeout=10.0, devices=()):
     return E.World(tp, C["default_mailbox_slot_bytes"], 1 << 20, timeout, list(devices))
-
-
-def bits(t):
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def expect_bitwise(name, got, want):
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape)
-    bad = int((bits(got) != bits(want)).sum())
-    assert bad == 0, f"{name}: {bad} of {got.numel()} elements differ bitwise"
 
 
 def outputs(results):
@@ -133,14 +124,14 @@ class Boundary:
             v = self.valid(r)
             want = E.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), *CFG.scalars())
             for name, got, w in zip(("residual_out", "post", "comb"), out[:3], want[:3]):
-                expect_bitwise(f"rank {r} {name}", got[:v], w)
+                assert_bitwise(f"rank {r} {name}", got[:v], w)
                 assert int(torch.count_nonzero(got[v:])) == 0, f"rank {r} {name} padding rows"
             own = E.mhc_pre(out[0][:v].contiguous(), *pre_weights(self.w), *CFG.scalars())
             for name, got, w in zip(("post", "comb"), out[1:3], own[:2]):
-                expect_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
+                assert_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
             gathered.append(want[3])
             if not self.sharded:
-                expect_bitwise(f"rank {r} layer_input", out[3], want[3])
+                assert_bitwise(f"rank {r} layer_input", out[3], want[3])
             if reference and v:
                 ref = R.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), CFG)
                 assert_close(out[0][:v], ref[0], f"rank {r} residual_out")
@@ -148,19 +139,19 @@ class Boundary:
                 assert_close(out[3][start : start + v], ref[3], f"rank {r} layer_input")
         if self.sharded:
             for r, out in enumerate(outs):
-                expect_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
+                assert_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
 
     def check_head(self, outs):
         hidden = []
         for r, out in enumerate(outs):
             v = self.valid(r)
             stream = E.mhc_post(self.x(r), *self.rows(r))
-            expect_bitwise(f"rank {r} residual_out", out[1][:v], stream)
+            assert_bitwise(f"rank {r} residual_out", out[1][:v], stream)
             assert int(torch.count_nonzero(out[1][v:])) == 0
             hidden.append(E.hc_head(stream, *head_weights(self.w), CFG.rms_eps, CFG.hc_eps))
         for r, out in enumerate(outs):
             want = torch.cat(hidden) if self.sharded else hidden[r]
-            expect_bitwise(f"rank {r} hidden", out[0], want)
+            assert_bitwise(f"rank {r} hidden", out[0], want)
 
 
 def token_counts(tp):
@@ -297,8 +288,8 @@ def test_sharded_rows_equal_the_replicated_rows(tp, T):
         rows = slice(r * shard, min(T, (r + 1) * shard))
         v = rows.stop - rows.start if rows.stop > rows.start else 0
         for name, a, b in zip(("residual_out", "post", "comb"), sharded[r][:3], replicated[r][:3]):
-            expect_bitwise(f"rank {r} {name}", a[:v], b[rows])
-        expect_bitwise(f"rank {r} layer_input", sharded[r][3], replicated[r][3])
+            assert_bitwise(f"rank {r} {name}", a[:v], b[rows])
+        assert_bitwise(f"rank {r} layer_input", sharded[r][3], replicated[r][3])
     no_errors(w)
 
 
@@ -314,8 +305,8 @@ def test_fused_entry_and_head(tp, sharded):
         for r, out in enumerate(outs):
             mine = (lambda t: R.shard_tokens(t, r, tp)) if sharded else (lambda t: t)  # noqa: E731
             for name, got, want in zip(("residual", "post", "comb"), out[:3], full[:3]):
-                expect_bitwise(f"rank {r} entry {name}", got, mine(want))
-            expect_bitwise(f"rank {r} entry layer_input", out[3], full[3])
+                assert_bitwise(f"rank {r} entry {name}", got, mine(want))
+            assert_bitwise(f"rank {r} entry layer_input", out[3], full[3])
         b = Boundary(tp, T, sharded, seed=T + 7)
         b.check_head(outputs(w.run([b.head_call(r) for r in range(tp)])))
     no_errors(w)
@@ -332,18 +323,18 @@ def test_collectives(tp):
         for x in xs:
             x[:, :16] = -0.0
         for r, out in enumerate(outputs(w.run([("all_reduce", (x, None)) for x in xs]))):
-            expect_bitwise(f"all_reduce rows {rows} rank {r}", out[0], R.sum_partials(xs))
+            assert_bitwise(f"all_reduce rows {rows} rank {r}", out[0], R.sum_partials(xs))
     rows = 5 * tp + 3
     xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
     for r, out in enumerate(outputs(w.run([("reduce_scatter", (x, None)) for x in xs]))):
-        expect_bitwise(
+        assert_bitwise(
             f"reduce_scatter rank {r}", out[0], R.shard_tokens(R.sum_partials(xs), r, tp)
         )
     xs = [torch.randn(7, H // 2, generator=g) for _ in range(tp)]  # fp32 rows
     for keep in (7 * tp - 3, -1):
         want = torch.cat(xs)[: keep if keep >= 0 else None]
         for r, out in enumerate(outputs(w.run([("all_gather", (x, None, keep)) for x in xs]))):
-            expect_bitwise(f"all_gather keep {keep} rank {r}", out[0], want)
+            assert_bitwise(f"all_gather keep {keep} rank {r}", out[0], want)
     no_errors(w)
 
 
