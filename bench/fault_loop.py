@@ -25,10 +25,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "transport"))
+sys.path.insert(0, str(ROOT))  # run as a script: tests.helpers is imported from the root
 
-import fault_harness as F  # noqa: E402
 from mhc_sp.launch import run_world  # noqa: E402
+from tests.helpers import faults as F  # noqa: E402
 
 
 def masked(message: str | None) -> str | None:

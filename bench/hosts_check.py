@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Ranks on two hosts that are really separate (namespaces of their own joined by a veth pair,
-tests/transport/hosts_harness.py; needs root): what transport="auto" picks and why, whether the
+tests/helpers/hosts.py; needs root): what transport="auto" picks and why, whether the
 results are bitwise those of one host, the tp=2 x pp=2 model check, and how long each rank takes
 to raise once the link between the hosts goes down. Writes JSON.
 
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "transport"))
+sys.path.insert(0, str(ROOT))  # run as a script: tests.helpers is imported from the root
 
-import hosts_harness as H  # noqa: E402
 from mhc_sp.launch import run_world  # noqa: E402
+from tests.helpers import hosts as H  # noqa: E402
 
 
 def cut_times(results: list[dict]) -> list[float | None]:

@@ -1,42 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What every test folder shares: the test folders on sys.path, the markers that follow from a
-test's folder, the hypothesis profiles and the golden-data fixtures.
-
-The tests are grouped by subject, one folder each (SUBJECTS); tests/data holds the golden data.
-Test modules and helpers import each other by bare name (``from dist_harness import run_world``,
-``from test_sp_ops import worker_fused_ops``), also across folders, so every subject folder goes
-on sys.path here, before any test module is imported. Ranks started with multiprocessing (spawn
-or forkserver) get the parent's sys.path and so find the same modules; a helper run as a script
-puts the folders it needs on sys.path itself (transport/hosts_harness.py). Module basenames are
-unique across the folders (tests/repo/test_repo.py checks it)."""
+"""What every test package shares: the markers that follow from a test's package, the hypothesis
+profiles and the golden-data fixtures. The layout (one package per subject, helpers/, data/) is
+described in tests/__init__.py; modules import each other by their path from the repository root
+(``from tests.helpers.boundaries import worker_fused_ops``)."""
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 import mhc_sp  # noqa: F401  (registers the ops)
+from tests import SUBJECTS
+
+# The helpers' asserts report their operands as the tests' own do (must precede their import).
+pytest.register_assert_rewrite("tests.helpers")
 
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
 
-#: The subject folders, each holding the tests (and their helpers) of one subject:
-#: ops (the math ops and their kernels on CPU), transport (collectives, the fused SP ops, shm,
-#: gloo and symm host logic, faults, separate hosts, worlds of 8), model (model, runner, plan,
-#: configuration), cli (mhc-sp-bench, tune, NVTX profiling), repo (README, docs, lint, repository
-#: promises), cuda (everything that needs a GPU or reads the CUDA build) and emulated (the CUDA
-#: device code run on the host, mhc_sp._emulated).
-SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated")
-
-#: Folders whose every test gets the marker: cuda needs a GPU or reads the CUDA build; emulated
+#: Packages whose every test gets the marker: cuda needs a GPU or reads the CUDA build; emulated
 #: runs the device code on the emulated device (pytest -m emulated runs those alone).
 FOLDER_MARKERS = {"cuda": "cuda", "emulated": "emulated"}
-
-for _subject in reversed(SUBJECTS):
-    if str(TESTS / _subject) not in sys.path:
-        sys.path.insert(0, str(TESTS / _subject))
 
 
 def subject_of(path) -> str | None:

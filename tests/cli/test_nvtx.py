@@ -22,7 +22,7 @@ import torch
 import mhc_sp  # noqa: F401  (registers torch.ops.mhc_sp)
 from mhc_sp import profiling
 from mhc_sp.profiling import FUSED_PHASES, MODEL_PHASE_OPS, NvtxRanges
-from nvtx_workload import PEER_TIMEOUT_S
+from tests.cli.nvtx_workload import PEER_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -3,7 +3,7 @@
 outputs are bitwise the same whatever else shares its call (which changes the token tiles, the
 split of H over blocks, fused or separate finish) and whatever the vector width the pointers
 allow; the projection's coefficients are within the error of a correct fp32 tensor-core sum in the
-kernel's order, against float64 (tests/ops/test_accuracy.py).
+kernel's order, against float64 (tests/helpers/projection_bounds.py).
 
 Skipped as a whole on machines without a GPU; bench/gpu_check.sh runs it.
 """
@@ -16,7 +16,11 @@ if not torch.cuda.is_available():
 
 from mhc_sp import ops  # noqa: E402
 from mhc_sp.testing import OPS, random_inputs  # noqa: E402
-from test_accuracy import cuda_projection_depths, error_ratios, error_scales  # noqa: E402
+from tests.helpers.projection_bounds import (  # noqa: E402
+    cuda_projection_depths,
+    error_ratios,
+    error_scales,
+)
 
 DEV = "cuda"
 TOKENS = [*range(1, 41), 255, 256, 257, 1000]
@@ -63,10 +67,11 @@ def test_vector_width_does_not_change_results(name):
 
 
 def test_projection_error_is_within_a_correct_tensor_core_sums():
-    """Against float64 directly (tests/ops/test_accuracy.py derives the bounds): every post and comb
-    value within the first-order worst-case error of a correct fp32 sum in the kernel's order, and
-    their errors in rms within the typical error of one. Not "no worse than torch's fp32 matmul":
-    the tensor cores' own rounding may lose that comparison call by call without any defect."""
+    """Against float64 directly (the bounds: tests/helpers/projection_bounds.py): every post and
+    comb value within the first-order worst-case error of a correct fp32 sum in the kernel's order,
+    and their errors in rms within the typical error of one. Not "no worse than torch's fp32
+    matmul": the tensor cores' own rounding may lose that comparison call by call without any
+    defect."""
     for T, H in [(2048, 7168), (64, 4096), (48, 2048), (1, 4096)]:
         i = random_inputs(T, 4, H, seed=T + H, device=DEV)
         args = (i["residual"], i["fn"], i["scale"], i["base"])

@@ -16,11 +16,18 @@ import traceback
 import pytest
 import torch
 
-from dist_harness import run_world
 from mhc_sp import _C, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
+from mhc_sp.launch import run_world
 from mhc_sp.testing import pre_weights, random_inputs
+from tests.helpers.boundaries import (
+    boundary_cases,
+    check_rank_order_bitwise,
+    check_wide_range_sums,
+    run_case,
+    same_bits,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -61,13 +68,6 @@ def layer_call(rank, group, dev, T, sharded, seed, H=7168):
     return got, alone
 
 
-def same_bits(a, b):
-    ints = {2: torch.int16, 4: torch.int32}
-    return a.shape == b.shape and torch.equal(
-        a.view(ints[a.element_size()]), b.view(ints[b.element_size()])
-    )
-
-
 def check_layer(rank, T, sharded, got, alone):
     shard = -(-T // WORLD) if sharded else T
     lo = rank * shard if sharded else 0
@@ -79,13 +79,6 @@ def check_layer(rank, T, sharded, got, alone):
 
 def worker_correctness(rank, world):
     """Every check runs; returns {check: "ok" or the traceback}."""
-    from test_sp_ops import (
-        boundary_cases,
-        check_rank_order_bitwise,
-        check_wide_range_sums,
-        run_case,
-    )
-
     results = {}
 
     def check(name, fn):
@@ -99,7 +92,7 @@ def worker_correctness(rank, world):
     group, dev = setup(timeout=120.0)
 
     def boundary_ops():
-        # fused_entry, fused_layer, fused_head and the collectives, every case of test_sp_ops
+        # fused_entry, fused_layer, fused_head and the collectives, every case of boundary_cases
         # (decode and sharded, token counts below, at and past the world, zero tokens), the sums
         # bit for bit reference.sum_partials.
         for case_id, case in enumerate(boundary_cases(world)):

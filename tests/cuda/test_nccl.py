@@ -10,19 +10,17 @@ Teardown: destroy() destroys the communicators, and its exit hook does the same 
 ends without calling it (the CPU transports' teardown is tested in
 tests/transport/test_teardown.py)."""
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from dist_harness import run_world
 from mhc_sp import ops
+from mhc_sp.launch import run_world
 from mhc_sp.testing import pre_weights, random_inputs
-from test_sp_ops import boundary_cases, worker_fused_ops
+from tests.helpers.boundaries import boundary_cases, worker_fused_ops
+from tests.helpers.reporting_ranks import run_reporting_ranks
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
@@ -183,30 +181,6 @@ EXITING_NCCL_RANK = textwrap.dedent(
 
 def test_exit_hook_destroys_the_nccl_communicator():
     skip_unless_ranks_fit(2)
-    from mhc_sp.launch import free_port
-
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", EXITING_NCCL_RANK],
-            env=dict(env, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    reports = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)  # a hang at exit fails here
-            assert p.returncode == 0, err
-            lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
-            assert len(lines) == 1, out + err
-            reports.append(json.loads(lines[0][len("REPORT ") :]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    reports = run_reporting_ranks(EXITING_NCCL_RANK)
     assert [r["sum"] for r in reports] == [2.0, 2.0]
     assert [r["registered_at_exit"] for r in reports] == [False, False]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mhc_sp.distributed as msd
-from dist_harness import run_world
-from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig, PassConfig
+from mhc_sp.config import CompilationConfig, EngineConfig, ParallelConfig, PassConfig
+from mhc_sp.launch import run_world
 from mhc_sp.runner import (
     ForwardPlan,
     ModelRunner,
@@ -21,29 +21,7 @@ from mhc_sp.runner import (
     logits_tolerance,
     plan_forward,
 )
-
-TINY = ModelConfig.tiny()
-
-
-def engine(
-    tp,
-    sp=None,
-    max_graph=0,
-    eager=False,
-    pp=1,
-    model=TINY,
-    spec=0,
-    backend="naive",
-):
-    return EngineConfig(
-        model,
-        ParallelConfig(tp, pp, sp),
-        CompilationConfig(max_cudagraph_capture_size=max_graph),
-        enforce_eager=eager,
-        moe_backend=backend,
-        num_speculative_tokens=spec,
-    )
-
+from tests.helpers.engines import TINY, engine
 
 # ---- the decision ------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 example works, the CUDA build's targets, and the tests' own layout (one folder per subject, the
 cuda marker on every test in tests/cuda). The GPU check script: tests/repo/test_gpu_check.py."""
 
+import ast
 import os
 import re
 import shutil
@@ -12,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import SUBJECTS
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-#: The tests' subject folders (tests/conftest.py puts each on sys.path and marks tests/cuda).
-SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated")
+#: Where Python modules import one another: the tests, the scripts in bench/, the examples.
+CODE_FOLDERS = ("tests", "bench", "examples")
+#: A change to sys.path: a call that adds to it, or an assignment to it or to a slice of it.
+SYS_PATH_EDIT = re.compile(r"sys\.path\s*(\.(insert|append|extend)\(|(\[[^\]]*\])?\s*\+?=(?!=))")
 
 
 @pytest.mark.distributed
@@ -90,22 +95,55 @@ def test_no_tracked_file_names_a_path_outside_the_repository_or_an_issue():
 
 
 def test_every_test_file_lives_in_a_subject_folder():
-    """tests/ holds conftest.py, data/ and one folder per subject; every module is in one, its
-    basename unique (tests import each other by bare name) and its folder on sys.path."""
+    """tests/ holds its package's __init__.py, conftest.py, data/, helpers/ and one package per
+    subject; every module is in one of them, every subject has tests and helpers/ has none, and
+    module basenames are unique (a file named in the docs, a script or a failure line is one
+    file). No subject folder is on sys.path: modules are imported by their path from the root."""
+    top = {"__init__.py", "conftest.py"}
     modules = sorted(p.relative_to(TESTS) for p in TESTS.rglob("*.py"))
     stray = [
         p.as_posix()
         for p in modules
-        if p.parts[0] != "data" and p != Path("conftest.py")
-        if len(p.parts) != 2 or p.parts[0] not in SUBJECTS
+        if p.parts[0] != "data" and p.as_posix() not in top
+        if len(p.parts) != 2 or p.parts[0] not in (*SUBJECTS, "helpers")
     ]
-    assert not stray, f"test modules outside the subject folders {SUBJECTS}: {stray}"
+    assert not stray, f"test modules outside the subject folders {SUBJECTS} and helpers: {stray}"
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and any(p.glob("*.py"))}
-    assert folders == {*SUBJECTS, "data"}, folders
+    assert folders == {*SUBJECTS, "helpers", "data"}, folders
+    packages = ("", *SUBJECTS, "helpers")
+    assert all((TESTS / s / "__init__.py").is_file() for s in packages), "an __init__.py missing"
     assert all(any(TESTS.glob(f"{s}/test_*.py")) for s in SUBJECTS)
-    names = [p.name for p in modules if p.parts[0] in SUBJECTS]
+    assert not any(TESTS.glob("helpers/test_*.py")), "tests in tests/helpers"
+    names = [p.name for p in modules if p.parts[0] in (*SUBJECTS, "helpers")]
+    names = [n for n in names if n != "__init__.py"]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    assert all(str(TESTS / s) in sys.path for s in SUBJECTS), "tests/conftest.py: sys.path"
+    assert not any(str(TESTS / s) in sys.path for s in (*SUBJECTS, "helpers")), sys.path
+
+
+def test_modules_import_each_other_by_package_path():
+    """No module of tests/, bench/ or examples/ imports another of them by its bare name (``import
+    hosts``, ``from test_sp_ops import ...``): the tests' modules are ``tests.<package>.<module>``,
+    the examples ``examples.<module>``. Nothing under tests/ changes sys.path to that end."""
+    local = {p.stem for d in CODE_FOLDERS for p in (ROOT / d).rglob("*.py")}
+    local -= {"__init__", "conftest"}
+    bare, path_edits = [], []
+    for d in CODE_FOLDERS:
+        for path in sorted((ROOT / d).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            text = path.read_text()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module]
+                else:
+                    continue
+                bare += [f"{where}:{node.lineno}: {n}" for n in names if n.split(".")[0] in local]
+            if d == "tests":
+                lines = [text.count("\n", 0, m.start()) + 1 for m in SYS_PATH_EDIT.finditer(text)]
+                path_edits += [f"{where}:{line}" for line in lines]
+    assert not bare, "imports by bare name:\n" + "\n".join(bare)
+    assert not path_edits, "sys.path changed in: " + ", ".join(path_edits)
 
 
 def test_every_test_in_tests_cuda_carries_the_cuda_marker(request):

@@ -7,19 +7,13 @@ agrees within the bf16 tolerance when they are torch.distributed's; sharded, rep
 one-token decode. The run also prints the three ways' times side by side."""
 
 import io
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from examples import engine_layer as E
 from mhc_sp.testing import assert_close
-from test_sp_ops import same_bits
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))  # spawned ranks inherit sys.path
-
-import engine_layer as E  # noqa: E402
+from tests.helpers.boundaries import same_bits
 
 TP, H, LAYERS, INTER = 2, 256, 3, 64
 CASES = [(10, True), (10, False), (1, False)]

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Faults injected into worlds of 4 and 8 ranks looping fused_layer over shm with a 5 s timeout
-(tests/transport/fault_harness.py): every survivor raises in time naming the faulty rank, ranks
+(tests/helpers/faults.py): every survivor raises in time naming the faulty rank, ranks
 that disagree on a call all raise ValueError, a stopped rank raises once it runs again and writes
 nothing into the segment its peers abandoned, init works again (in the same world, or in a fresh
 one after a kill), and no segment is left in /dev/shm. The default suite runs one world of each
@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-import fault_harness as F
-from dist_harness import run_world
+from mhc_sp.launch import run_world
+from tests.helpers import faults as F
 
 pytestmark = pytest.mark.distributed
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Ranks on hosts that are really separate (tests/transport/hosts_harness.py: namespaces of their
+"""Ranks on hosts that are really separate (tests/helpers/hosts.py: namespaces of their
 own, a private /dev/shm, a veth pair between them). A tp=2 group across two hosts gets gloo from
 transport="auto", gives bitwise the results of one host, and says why; tp=2 inside each host x
 pp=2 across them runs shm inside the TP groups and hands the pipeline over between the hosts;
@@ -13,8 +13,8 @@ import socket
 
 import pytest
 
-import hosts_harness as H
-from dist_harness import run_world
+from mhc_sp.launch import run_world
+from tests.helpers import hosts as H
 
 pytestmark = pytest.mark.distributed
 

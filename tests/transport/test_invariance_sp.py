@@ -8,9 +8,9 @@ tp = 2, 3 and 4 with subgroups."""
 import pytest
 import torch
 
-from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
+from mhc_sp.launch import run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
 
 pytestmark = pytest.mark.distributed

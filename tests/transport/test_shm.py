@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import mhc_sp.distributed as msd
-from dist_harness import run_world
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import ParallelConfig
+from mhc_sp.launch import run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
-from test_sp_ops import partials_for
+from tests.helpers.boundaries import partials_for
 
 TIMEOUT_S = 4.0  # the workspace's timeout in these worlds: a stalled peer fails within it
 
@@ -230,7 +230,7 @@ def model_check(rank, world):
     """The V4 model's SP forward on the shm transport matches the tp=1 model (runner tolerance)."""
     from mhc_sp.model import RoutingTrace, TPContext
     from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
-    from test_runner import TINY, engine
+    from tests.helpers.engines import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(world), "cpu")
     assert msd.transport(groups.tp.group, "cpu") == "shm"

@@ -382,12 +382,12 @@ def peer_gpus(world):
 @pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_ops_on_symm_match_reference(world):
-    # The production path (torch symmetric memory, one rank per GPU): every case of test_sp_ops,
+    # The production path (torch symmetric memory, one rank per GPU): every case of boundary_cases,
     # the sums bit for bit reference.sum_partials. Needs `world` GPUs with peer access.
     if not peer_gpus(world):
         pytest.skip(f"{world} GPUs with peer access needed")
-    from dist_harness import run_world
-    from test_sp_ops import boundary_cases, worker_fused_ops
+    from mhc_sp.launch import run_world
+    from tests.helpers.boundaries import boundary_cases, worker_fused_ops
 
     results = run_world(
         world, worker_fused_ops, "cuda", "symm", backend="cpu:gloo,cuda:nccl", timeout=300

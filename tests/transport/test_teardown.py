@@ -6,17 +6,13 @@ hook when a process ends without calling it. Checked here with the CPU transport
 on two ranks; the NCCL teardown, which goes through the same registry path, has its tests in
 tests/cuda/test_nccl.py (they need two GPUs)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import torch
 
-from dist_harness import run_world
 from mhc_sp import ops
-from mhc_sp.launch import free_port
+from mhc_sp.launch import run_world
+from tests.helpers.reporting_ranks import run_reporting_ranks
 
 SEGMENT = "/dev/shm/mhc_sp_"  # the shm workspaces' segments (new_shm_segment_name)
 
@@ -68,16 +64,15 @@ def test_destroy_releases_every_transport():
 # it runs after mhc_sp's exit hook (atexit runs hooks in reverse order).
 EXITING_RANK = textwrap.dedent(
     """
-    import atexit, json, sys
+    import atexit, json
     import torch
     import torch.distributed as dist
 
-    sys.path[:0] = {paths!r}
-    state = {{}}
+    state = {}
 
     def report():
         from mhc_sp import _C
-        from test_teardown import mapped_segments
+        from tests.transport.test_teardown import mapped_segments
         try:
             _C.group_transport(state["shm"], "cpu")
             state["registered_at_exit"] = True
@@ -88,7 +83,7 @@ EXITING_RANK = textwrap.dedent(
 
     atexit.register(report)
     import mhc_sp  # registers mhc_sp.distributed's exit hook
-    from test_teardown import mapped_segments, set_up_both
+    from tests.transport.test_teardown import mapped_segments, set_up_both
 
     dist.init_process_group("gloo")
     state["shm"], state["gloo"] = set_up_both(dist.get_world_size())
@@ -98,32 +93,7 @@ EXITING_RANK = textwrap.dedent(
 
 
 def test_exit_hook_releases_every_transport():
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = EXITING_RANK.format(paths=[here, *sys.path])
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    env["OMP_NUM_THREADS"] = "1"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=dict(env, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    reports = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
-            assert len(lines) == 1, out + err
-            reports.append(json.loads(lines[0][len("REPORT ") :]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    reports = run_reporting_ranks(EXITING_RANK, OMP_NUM_THREADS="1")
     for r in reports:
         assert r["mapped_before_exit"] >= 1
         assert r["registered_at_exit"] is False, "the exit hook did not run destroy()"

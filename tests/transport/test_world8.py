@@ -3,17 +3,17 @@
 (ranks forked from one server process, so that a world starts in about a second). Every fused
 boundary on the shm and the gloo transport, each rank's outputs bitwise those of the
 single-device ops given reference.sum_partials (the rank-order sum), shm and gloo bitwise the
-same, replicated outputs the same on every rank (test_sp_ops.worker_fused_ops). The default suite
-runs one token count; every count of the contract's edge cases, and the model's --check at tp=8,
-are marked slow (scripts/slow_tests.sh)."""
+same, replicated outputs the same on every rank (worker_fused_ops, tests/helpers/boundaries.py).
+The default suite runs one token count; every count of the contract's edge cases, and the model's
+--check at tp=8, are marked slow (scripts/slow_tests.sh)."""
 
 import subprocess
 import sys
 
 import pytest
 
-from dist_harness import run_world
-from test_sp_ops import worker_fused_ops
+from mhc_sp.launch import run_world
+from tests.helpers.boundaries import worker_fused_ops
 
 pytestmark = pytest.mark.distributed
 

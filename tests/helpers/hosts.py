@@ -3,9 +3,10 @@
 its own (network, UTS for its hostname, mount with a private /dev/shm), made with
 ``unshare --net --uts --mount``, and the hosts are joined by a veth pair whose addresses the
 harness assigns inside those namespaces; traffic never leaves them. A driver process in each host
-(``python tests/transport/hosts_harness.py drive ...``, entered with nsenter) starts that host's
-ranks of one world with mhc_sp.launch.run_world and writes their results as JSON. Needs root
-(namespaces, mounts, links); tests skip without it. Used by tests/transport/test_hosts.py."""
+(``python -m tests.helpers.hosts drive ...`` from the repository root, entered with nsenter)
+starts that host's ranks of one world with mhc_sp.launch.run_world and writes their results as
+JSON. Needs root (namespaces, mounts, links); tests skip without it. Used by
+tests/transport/test_hosts.py and bench/hosts_check.py."""
 
 from __future__ import annotations
 
@@ -21,10 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-#: The test folders whose modules the ranks import by name (test_sp_ops and fault_harness here,
-#: test_runner in model/): a driver, run as a script, puts them on sys.path itself.
-FOLDERS = [HERE, HERE.parent / "model"]
+#: The repository root: a driver runs from it, so that it and its ranks import ``tests.*``.
+ROOT = Path(__file__).resolve().parents[2]
 #: The hosts' link: a /24 of the private range, used only inside the hosts' own namespaces.
 SUBNET = "10.213.7"
 LINK = "veth0"
@@ -110,8 +109,9 @@ class Hosts:
             raise OSError(f"{' '.join(cmd)}: {out.stderr.strip()}")
 
     def enter(self, k: int) -> list[str]:
-        """The command prefix that runs a program inside host k's namespaces."""
-        return ["nsenter", "-t", str(self.hosts[k].pid), "-n", "-u", "-m", "--"]
+        """The command prefix that runs a program inside host k's namespaces, in the repository
+        root (entering a mount namespace would move it to the namespace's root directory)."""
+        return ["nsenter", "-t", str(self.hosts[k].pid), "-n", "-u", "-m", f"--wd={ROOT}", "--"]
 
     def drive(self, k: int, world: int, ranks: list[int], scenario: str, *extra: str):
         """Starts host k's driver for `ranks` of a world of `world`; returns its output file."""
@@ -119,7 +119,8 @@ class Hosts:
         env = dict(os.environ, GLOO_SOCKET_IFNAME=LINK)
         cmd = self.enter(k) + [
             sys.executable,
-            str(HERE / "hosts_harness.py"),
+            "-m",
+            "tests.helpers.hosts",
             "drive",
             "--world",
             str(world),
@@ -171,7 +172,7 @@ class Hosts:
 
 # ---- the ranks' side --------------------------------------------------------------------------
 
-#: (T, extra, n, H, sharded, norm) as test_sp_ops.boundary_cases: none, one, fewer than the
+#: (T, extra, n, H, sharded, norm) as boundaries.boundary_cases: none, one, fewer than the
 #: ranks and more, sharded and replicated.
 SPAN_CASES = [(T, 0, 4, 64, sharded, True) for T in (0, 1, 7, 33) for sharded in (True, False)]
 
@@ -181,7 +182,7 @@ def boundary_digests(rank: int, world: int, group: str) -> list[str]:
     against the single-device ops given reference.sum_partials; their outputs' digests."""
     import torch
 
-    from test_sp_ops import check_rank_order_bitwise, digest, run_case
+    from tests.helpers.boundaries import check_rank_order_bitwise, digest, run_case
 
     out = []
     for case_id, case in enumerate(SPAN_CASES):
@@ -238,7 +239,7 @@ def span_worker(rank: int, world: int, cut: bool) -> dict:
     report.update(transport=str(chosen), why=chosen.reason, hostname=os.uname().nodename)
     report["digests"] = boundary_digests(rank, world, group)
     if cut:
-        from fault_harness import boundary
+        from tests.helpers.faults import boundary
 
         layer, _ = boundary(group, rank, world, 16)
         layer()
@@ -259,7 +260,7 @@ def tp_pp_worker(rank: int, world: int, cut: bool) -> dict:
     from mhc_sp.config import ParallelConfig
     from mhc_sp.model import RoutingTrace, TPContext
     from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
-    from test_runner import TINY, engine
+    from tests.helpers.engines import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(2, 2, 4), "cpu")
     chosen = msd.transport(groups.tp.group, "cpu")
@@ -305,7 +306,6 @@ def drive(argv: list[str]) -> int:
     p.add_argument("--cut", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    sys.path[:0] = [str(f) for f in FOLDERS if str(f) not in sys.path]
     from mhc_sp.launch import run_world
 
     ranks = [int(r) for r in args.ranks.split(",")]
@@ -326,5 +326,8 @@ def drive(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["drive"]:
-        sys.exit("usage: hosts_harness.py drive --world N --ranks R,... --addr A --scenario S")
+        sys.exit(
+            "usage: python -m tests.helpers.hosts drive --world N --ranks R,... --addr A"
+            " --scenario S"
+        )
     sys.exit(drive(sys.argv[2:]))
