@@ -10,6 +10,7 @@
 
 #include "mhc_sp/boundary_protocol.h"
 #include "mhc_sp/comm.h"
+#include "mhc_sp/composed_boundary.h"
 #include "mhc_sp/impl.h"
 #include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"

@@ -24,7 +24,7 @@
 
 #include "testing/symm_errors.h"
 #include "testing/symm_sim.h"
-#include "transport/symm/launch.h"
+#include "transport/symm/kernels.h"
 #endif
 
 namespace py = pybind11;

@@ -5,7 +5,7 @@
 // launch: the finish follows the projection in stream order.
 
 #include "testing/symm_sim.h"
-#include "transport/symm/launch.cuh"
+#include "transport/symm/kernel_params.cuh"
 
 namespace mhc_sp::testing {
 namespace {
