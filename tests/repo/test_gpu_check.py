@@ -463,7 +463,8 @@ def test_build_times_command_line(tmp_path):
     assert json.loads(out.read_text())["cores"] == 16
     top = subprocess.run([*tool, str(log), "--top", "1"], capture_output=True, text=True)
     lines = top.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].endswith("collective_launch.cu.o") and "on 16 cores" in lines[1]
+    assert len(lines) == 2 and lines[0].endswith("collective_launch.cu.o")
+    assert "on 16 cores" in lines[1]
     for args, message in (
         ([str(log), "--cores", "0"], "--cores: expected at least 1, got 0"),
         ([str(tmp_path / "missing")], "ninja_log: cannot read"),
