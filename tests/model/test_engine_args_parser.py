@@ -184,68 +184,29 @@ ALL_FLAGS = {
         ),
     ],
 }
+
+
+def with_default(flag: tuple, default) -> tuple:
+    """``flag`` as ALL_FLAGS has it, for a parser that gives it another default."""
+    *head, _, kind, choices, metavar, help = flag
+    help = help.rsplit(" (default: ", 1)[0] + f" (default: {default})"
+    return (*head, default, kind, choices, metavar, help)
+
+
+TP_FLAG, CAPTURE_FLAG = ALL_FLAGS["parallelism"][0], ALL_FLAGS["execution"][1]
+HIDDEN_FLAG = ALL_FLAGS["model size (the small test model unless given)"][0]
 TUNE_FLAGS = {
     "positional arguments": [],
     "options": [],
-    "parallelism": [
-        (
-            ("--tensor-parallel-size", "-tp"),
-            "tensor_parallel_size",
-            "_StoreAction",
-            2,
-            "positive_int",
-            None,
-            "N",
-            "ranks each layer's weights are split over (default: 2)",
-        )
-    ],
-    "execution": [
-        (
-            ("--max-cudagraph-capture-size",),
-            "max_cudagraph_capture_size",
-            "_StoreAction",
-            0,
-            "non_negative_int",
-            None,
-            "N",
-            (
-                "capture CUDA graphs for forwards of up to N tokens (CUDA only; 0: none; "
-                "--sp-threshold must be above it) (default: 0)"
-            ),
-        )
-    ],
-    "model size (the small test model unless given)": [
-        (
-            ("--hidden-size",),
-            "hidden_size",
-            "_StoreAction",
-            4096,
-            "positive_int",
-            None,
-            "H",
-            "hidden size (default: 4096)",
-        )
-    ],
+    "parallelism": [with_default(TP_FLAG, 2)],
+    "execution": [CAPTURE_FLAG],
+    "model size (the small test model unless given)": [with_default(HIDDEN_FLAG, 4096)],
 }
 PROJECT_FLAGS = {
     "positional arguments": [],
     "options": [],
     "parallelism": [],
-    "execution": [
-        (
-            ("--max-cudagraph-capture-size",),
-            "max_cudagraph_capture_size",
-            "_StoreAction",
-            0,
-            "non_negative_int",
-            None,
-            "N",
-            (
-                "capture CUDA graphs for forwards of up to N tokens (CUDA only; 0: none; "
-                "--sp-threshold must be above it) (default: 0)"
-            ),
-        )
-    ],
+    "execution": [CAPTURE_FLAG],
     "model size (the small test model unless given)": [],
 }
 

@@ -36,16 +36,9 @@ WRAPPER_DEFAULTS = {
     "num_tokens": -1,
     "cfg": MhcConfig(),
 }
-#: A config whose scalars all differ, so that each value passed names its field.
-DISTINCT = MhcConfig(
-    sinkhorn_iters=13,
-    hc_pre_eps=0.11,
-    hc_sinkhorn_eps=0.12,
-    hc_post_mult=2.5,
-    rms_eps=0.13,
-    norm_eps=0.14,
-    hc_eps=0.15,
-)
+#: A config whose scalars all differ, so that each value passed names its field (integers, which
+#: every field accepts; no op runs on them).
+DISTINCT = MhcConfig(**{name: 11 + i for i, name in enumerate(sorted(CONFIG_FIELDS - {"hc_mult"}))})
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,23 @@ def _flag(
     return dataclasses.field(default=default, metadata={"flag": flag})
 
 
+def _model_size(
+    name: str, metavar: str, model_field: str, help: str, unset: Optional[str] = None
+) -> Any:
+    """A model size: a positive integer setting ``model_field``, None (the ``tiny`` preset's
+    value, or ``unset``) unless given."""
+    return _flag(
+        None,
+        _MODEL_SIZE,
+        name,
+        type=positive_int,
+        metavar=metavar,
+        model_field=model_field,
+        unset=unset,
+        help=help,
+    )
+
+
 @dataclass
 class EngineArgs:
     """Engine settings as flat fields, one per flag, in the help's order. Model fields left None
@@ -175,71 +192,29 @@ class EngineArgs:
         metavar="K",
         help="MTP draft steps after each forward, each fed the previous step's stream",
     )
-    hidden_size: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
-        "--hidden-size",
-        type=positive_int,
-        metavar="H",
-        model_field="hidden_size",
-        help="hidden size",
-    )
-    num_layers: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
-        "--num-layers",
-        type=positive_int,
-        metavar="L",
-        model_field="num_layers",
-        help="decoder layers",
-    )
-    num_heads: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
+    hidden_size: Optional[int] = _model_size("--hidden-size", "H", "hidden_size", "hidden size")
+    num_layers: Optional[int] = _model_size("--num-layers", "L", "num_layers", "decoder layers")
+    num_heads: Optional[int] = _model_size(
         "--num-heads",
-        type=positive_int,
-        metavar="N",
-        model_field="num_heads",
+        "N",
+        "num_heads",
+        "attention heads",
         unset="hidden/64 from 1024 up, else hidden/8",
-        help="attention heads",
     )
-    num_experts: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
-        "--num-experts",
-        type=positive_int,
-        metavar="E",
-        model_field="num_routed_experts",
-        help="routed experts per MoE layer",
+    num_experts: Optional[int] = _model_size(
+        "--num-experts", "E", "num_routed_experts", "routed experts per MoE layer"
     )
-    num_experts_per_tok: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
-        "--num-experts-per-tok",
-        type=positive_int,
-        metavar="K",
-        model_field="num_experts_per_tok",
-        help="experts each token is routed to",
+    num_experts_per_tok: Optional[int] = _model_size(
+        "--num-experts-per-tok", "K", "num_experts_per_tok", "experts each token is routed to"
     )
-    moe_intermediate_size: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
+    moe_intermediate_size: Optional[int] = _model_size(
         "--moe-intermediate-size",
-        type=positive_int,
-        metavar="I",
-        model_field="moe_intermediate_size",
+        "I",
+        "moe_intermediate_size",
+        "intermediate size of each expert",
         unset="hidden/2",
-        help="intermediate size of each expert",
     )
-    vocab_size: Optional[int] = _flag(
-        None,
-        _MODEL_SIZE,
-        "--vocab-size",
-        type=positive_int,
-        metavar="V",
-        model_field="vocab_size",
-        help="vocabulary size",
-    )
+    vocab_size: Optional[int] = _model_size("--vocab-size", "V", "vocab_size", "vocabulary size")
     moe_backend: str = _flag(
         "naive",
         _MODEL_SIZE,
