@@ -18,8 +18,9 @@ with native atomics (NVLink; PCIe peers lack the system-scope
 atomics the kernels use to break a workspace), NCCL otherwise. Ranks that share a GPU count as
 reachable only when torch's own switch for it, ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1``, is
 set (tests run two ranks on one GPU so); such a group keeps no NCCL communicator, which NCCL
-refuses for ranks on one GPU. All ranks decide together, so a group never mixes transports, and
-:func:`reason` keeps why (``mhc_sp.distributed.transport(...).reason``).
+refuses for ranks on one GPU. This module finds each rank's peer problems (:func:`peer_problems`);
+:func:`mhc_sp._transport_choice.choose_cuda` decides from them, on all ranks together, so a group
+never mixes transports, and keeps why (``mhc_sp.distributed.transport(...).reason``).
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from . import _C
+from . import _C, _transport_choice
 
-#: Why each group's CUDA transport was chosen, by group name. (The buffer and the rendezvous handle
-#: that keeps the peers' buffers mapped belong to the group's C++ workspace, which releases them
-#: when the group's transport goes: mhc_sp.distributed.destroy or a new init.)
-_REASONS: dict[str, str] = {}
+# The buffer and the rendezvous handle that keeps the peers' buffers mapped belong to the group's
+# C++ workspace, which releases them when the group's transport goes (mhc_sp.distributed.destroy
+# or a new init): nothing of a group is kept here.
 
 _CONSTANTS = _C.symm_constants()
 DEFAULT_MAILBOX_SLOT_BYTES: int = _CONSTANTS["default_mailbox_slot_bytes"]
@@ -91,30 +91,6 @@ def peer_problems(
             if problem:
                 problems[p] = problem
     return problems
-
-
-def choose(transport: str, problems: Sequence[dict[int, str]], name: str) -> tuple[str, str]:
-    """('symm' or 'nccl', why) for ``transport`` given every rank's peer problems (the same on all
-    ranks). 'symm' where some rank cannot use a peer is an error naming both and the reason."""
-    if transport not in ("auto", "symm", "nccl"):
-        raise ValueError(
-            f"transport: expected 'auto', 'symm' or 'nccl' for cuda, got {transport!r}"
-        )
-    pairs = [(r, p, why) for r, peers in enumerate(problems) for p, why in sorted(peers.items())]
-    if transport == "symm" and pairs:
-        r, p, why = pairs[0]
-        raise ValueError(
-            f"transport: 'symm' needs every rank of group {name!r} to map every other "
-            f"rank's GPU memory (one host, peer access with native atomics); rank {r} cannot "
-            f"use rank {p}'s: {why} (use 'nccl' or 'auto')"
-        )
-    if transport == "nccl":
-        return "nccl", "requested"
-    if pairs:
-        r, p, why = pairs[0]
-        return "nccl", f"rank {r} cannot use rank {p}'s GPU memory: {why}"
-    why = "every rank maps every other rank's GPU memory with native atomics"
-    return "symm", why if transport == "auto" else f"requested; {why}"
 
 
 def peer_table(bases: Sequence[int], offsets: Sequence[int]) -> list[int]:
@@ -174,24 +150,23 @@ def init(
 ) -> str:
     """Set up the group's CUDA transport on device ``index``; collective. ``host[r]`` numbers rank
     r's host (:func:`mhc_sp.distributed.hosts`). Returns the transport chosen ('symm' or 'nccl');
-    :func:`reason` says why."""
+    ``mhc_sp._transport_choice.reason(name, "cuda")`` says why."""
     if not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"):
         raise ValueError("device: CUDA transports need a CUDA build of mhc_sp and a visible GPU")
     half, slot = check_sizes(half_bytes, mailbox_slot_bytes)
-    if world > _CONSTANTS["max_world"] and transport == "symm":
-        raise ValueError(
-            f"transport: 'symm' takes at most {_CONSTANTS['max_world']} ranks, group "
-            f"{name!r} has {world}"
-        )
-    chosen, why = "nccl", "requested"
-    devices = [index] * world
-    if transport != "nccl" and world > _CONSTANTS["max_world"]:
-        why = f"symm takes at most {_CONSTANTS['max_world']} ranks"
-    elif transport != "nccl":
+    devices = [index] * world  # every rank's GPU, once the choice has needed them
+
+    def every_ranks_peer_problems() -> list:
+        nonlocal devices
         devices = _gathered(pg, index, world)
         mine = peer_problems(rank, host, devices, cuda_link_problem, shared_gpus_allowed())
-        chosen, why = choose(transport, _gathered(pg, mine, world), name)
-    _REASONS[name] = why
+        return _gathered(pg, mine, world)
+
+    choice = _transport_choice.choose_cuda(
+        transport, name, world, _CONSTANTS["max_world"], every_ranks_peer_problems
+    )
+    _transport_choice.record(name, "cuda", choice)
+    chosen = choice.transport
     # NCCL refuses ranks on one GPU: such a symm group keeps no NCCL communicator.
     need_nccl = chosen == "nccl" or len(set(devices)) == world
     uid = [_C.nccl_unique_id() if rank == 0 and need_nccl else None]
@@ -228,17 +203,3 @@ def init(
     _C.init_symm_transport(name, uid[0], index, buffer, ptrs, slot, half, float(timeout_s), handle)
     dist.barrier(group=pg)  # every buffer is initialised before any rank's first push into it
     return chosen
-
-
-def reason(name: str) -> str | None:
-    """Why init chose the group's CUDA transport (None when it set none up)."""
-    return _REASONS.get(name)
-
-
-def forget(name: str | None = None) -> None:
-    """Forget why the group's CUDA transport was chosen (every group's when None); the transport
-    itself belongs to the C++ registry."""
-    if name is None:
-        _REASONS.clear()
-    else:
-        _REASONS.pop(name, None)

@@ -48,15 +48,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from . import _C, _symm
+from . import _C, _symm, _transport_choice
 
 GroupLike = ProcessGroup | str | None
 
 #: Group name used for WORLD (and for the single-rank group registered without torch.distributed).
 WORLD = "0"
 
-#: Transports ``init`` accepts per device type ("auto" first).
-TRANSPORTS = {"cpu": ("auto", "shm", "gloo"), "cuda": ("auto", "symm", "nccl")}
+#: Transports ``init`` accepts per device type ("auto" first, then the order "auto" prefers).
+TRANSPORTS = {device: ("auto", *family) for device, family in _transport_choice.PREFERENCE.items()}
 
 
 def group_name(group: GroupLike) -> str:
@@ -273,26 +273,11 @@ def hosts(group: GroupLike = None) -> tuple[list[int], list[str]]:
     return host, why
 
 
-#: Why each CPU group got its transport (see :func:`transport`; CUDA groups: ``_symm.reason``).
-_REASONS: dict[str, str] = {}
-
-
-def _init_cpu(pg: ProcessGroup, name: str, rank: int, world: int, transport: str, timeout) -> None:
+def _init_cpu(pg: ProcessGroup, name: str, rank: int, transport: str, timeout) -> None:
     host, why = hosts(pg)
-    elsewhere = [r for r in range(world) if host[r] != 0]
-    detail = "; ".join(f"rank {r}: {why[r]}" for r in elsewhere)
-    if transport == "shm" and elsewhere:
-        raise ValueError(
-            f"transport: 'shm' needs every rank of group {name!r} on one host; ranks "
-            f"{elsewhere} do not share rank 0's host (use 'gloo' or 'auto'): {detail}"
-        )
-    _REASONS[name] = f"{transport!r} requested: " + (
-        f"ranks {elsewhere} are not on rank 0's host ({detail})"
-        if elsewhere
-        else "every rank is on rank 0's host (one kernel boot and PID namespace, and each rank "
-        "found a shared-memory segment of every other)"
-    )
-    if transport == "gloo" or (transport == "auto" and elsewhere):
+    choice = _transport_choice.choose_cpu(transport, name, host, why)
+    _transport_choice.record(name, "cpu", choice)
+    if choice.transport == "gloo":
         _C.init_gloo_transport(name)
         return
     seconds = _timeout_seconds(pg, timeout)
@@ -378,7 +363,7 @@ def init(
         if device_type == "cuda":
             _init_cuda(pg, name, rank, world, device, transport, config)
         else:
-            _init_cpu(pg, name, rank, world, transport, config.timeout)
+            _init_cpu(pg, name, rank, transport, config.timeout)
     return name
 
 
@@ -400,7 +385,7 @@ def transport(group: GroupLike = None, device: torch.device | str | None = None)
     if not chosen:
         return None
     out = Transport(chosen)
-    out.reason = _symm.reason(name) if device_type == "cuda" else _REASONS.get(name)
+    out.reason = _transport_choice.reason(name, device_type)
     return out
 
 
@@ -413,8 +398,7 @@ def destroy() -> None:
     alive; processes that end without exit hooks (``os._exit``, multiprocessing's fork and
     forkserver children) should call it themselves, as ``mhc_sp.launch`` does."""
     _C.unregister_all_groups()
-    _REASONS.clear()
-    _symm.forget()
+    _transport_choice.forget()
 
 
 # Registered when this module is first imported, which is after torch's own import: hooks run in

@@ -76,6 +76,7 @@ def test_ops_row_ratios_say_how_much_faster_the_op_is():
     assert cuda["graph"] is True and cuda["eager_graph"] is False
 
 
+@pytest.mark.slow  # a cold torch.compile of the reference: 20-25 s on two cores
 def test_ops_compiled_baseline(tmp_path):
     doc = run_cli(
         tmp_path,

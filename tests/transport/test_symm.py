@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Host-side logic of the CUDA symm transport, on CPU: the layout of a rank's buffer, which mailbox
 or half a call uses, which path a call takes, the peer pointer table's checks, the error text,
-and the transport choice (mhc_sp._symm). The kernels themselves run in bench/symm_harness.py on a
-GPU (simulated ranks)."""
+and the peer problems the transport choice reads (mhc_sp._symm; the choice itself is
+test_transport_choice.py's). The kernels themselves run in bench/symm_harness.py on a GPU
+(simulated ranks)."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mhc_sp.distributed as msd
-from mhc_sp import _C, _symm
+from mhc_sp import _C, _symm, _transport_choice
 from mhc_sp import reference as R
 from mhc_sp.testing import TESTING_MODULE_MISSING, load_testing_module
 
@@ -248,22 +249,6 @@ def test_peer_problems():
         _symm.peer_problems(4, hosts, devices, link)
 
 
-def test_choose_transport_and_why():
-    chosen, why = _symm.choose("auto", [{}, {}, {}], "g")
-    assert chosen == "symm" and "native atomics" in why
-    chosen, why = _symm.choose("auto", [{}, {2: "no native atomics"}, {}], "g")
-    assert chosen == "nccl"  # decided together: never mixed
-    assert why == "rank 1 cannot use rank 2's GPU memory: no native atomics"
-    assert _symm.choose("symm", [{}, {}], "g")[0] == "symm"
-    assert _symm.choose("nccl", [{}, {}], "g") == ("nccl", "requested")
-    with pytest.raises(
-        ValueError, match="^transport: 'symm' needs .* rank 1 cannot use rank 2's: PCIe"
-    ):
-        _symm.choose("symm", [{}, {2: "PCIe"}, {}], "g")
-    with pytest.raises(ValueError, match="^transport: expected 'auto', 'symm' or 'nccl'"):
-        _symm.choose("shm", [{}], "g")
-
-
 def test_cuda_link_problem_needs_access_and_native_atomics(monkeypatch):
     links = {
         (0, 1): {"access": True, "native_atomics": True},
@@ -458,9 +443,9 @@ def test_init_builds_the_table_from_every_ranks_offset(monkeypatch):
     assert ptrs == [world.buffer.data_ptr(), 0x7F0000000000 + 0x40000]
     # The workspace gets the rendezvous handle: it keeps the peers' buffers mapped.
     assert world.init_args[-1] is world.handle
-    assert "native atomics" in _symm.reason("g")
-    _symm.forget("g")
-    assert _symm.reason("g") is None
+    assert "native atomics" in _transport_choice.reason("g", "cuda")
+    _transport_choice.forget()
+    assert _transport_choice.reason("g", "cuda") is None
 
 
 def test_init_on_ranks_of_two_hosts_picks_nccl(monkeypatch):
@@ -480,7 +465,7 @@ def test_init_with_ranks_on_one_gpu_keeps_no_nccl(monkeypatch):
     monkeypatch.setenv(_symm.SHARED_GPU_SWITCH, "1")
     assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0]) == "symm"
     assert world.init_args[1] is None  # NCCL refuses ranks on one GPU
-    _symm.forget()
+    _transport_choice.forget()
 
 
 def test_init_fails_on_every_rank_when_one_buffer_is_outside_its_segment(monkeypatch):
