@@ -17,6 +17,12 @@
 #include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"
 #include "mhc_sp/python_errors.h"
+#include "transport/gloo/transport.h"
+#include "transport/shm/transport.h"
+#include "transport/symm/transport.h"
+#if defined(MHC_SP_WITH_CUDA)
+#include "transport/nccl/transport.h"
+#endif
 
 // Every schema is written out in full, one per op, so that grepping an op's name finds its whole
 // signature. The math ops end in the scalar tail of docs/design.md §2: rms_eps, hc_pre_eps,
@@ -102,10 +108,6 @@ TORCH_LIBRARY_IMPL(mhc_sp, CPU, m) { register_impls(m); }
 TORCH_LIBRARY_IMPL(mhc_sp, CUDA, m) { register_impls(m); }
 #endif
 
-namespace mhc_sp::symm {
-void bind(pybind11::module_& m);  // csrc/transport/symm/bindings.cpp
-}
-
 namespace {
 
 pybind11::dict build_info() {
@@ -158,31 +160,12 @@ PYBIND11_MODULE(_C, m) {
         return mhc_sp::group_transport(name, c10::Device(device_type).type());
       },
       pybind11::arg("name"), pybind11::arg("device_type"));
-  m.def(
-      "init_gloo_transport",
-      [](const std::string& name) {
-        mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1,
-                                    mhc_sp::make_gloo_communicator(name));
-      },
-      pybind11::arg("name"));
-  m.def("new_shm_segment_name", &mhc_sp::new_shm_segment_name);
-  m.def(
-      "init_shm_transport",
-      [](const std::string& name, const std::string& segment, double timeout_s) {
-        const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-        pybind11::gil_scoped_release no_gil;  // waits for every rank to map the segment
-        mhc_sp::attach_communicator(name, c10::DeviceType::CPU, -1,
-                                    mhc_sp::make_shm_communicator(name, segment, timeout));
-      },
-      pybind11::arg("name"), pybind11::arg("segment"), pybind11::arg("timeout_s"));
+
+  // Each transport's setup, driven by mhc_sp.distributed.init (csrc/transport/<name>/).
+  mhc_sp::gloo::bind(m);
+  mhc_sp::shm::bind(m);
   mhc_sp::symm::bind(m);
 #if defined(MHC_SP_WITH_CUDA)
-  m.def("nccl_unique_id", [] { return pybind11::bytes(mhc_sp::nccl_unique_id()); });
-  m.def("init_nccl_communicator",
-        [](const std::string& name, pybind11::bytes unique_id, int64_t device) {
-          const std::string id = unique_id;
-          pybind11::gil_scoped_release no_gil;  // blocks until every rank joins
-          mhc_sp::init_nccl_communicator(name, id, device);
-        });
+  mhc_sp::nccl::bind(m);
 #endif
 }

@@ -6,7 +6,7 @@
 // the only allocation is the pre's split-K workspace, from the caching allocator, so the ops never
 // sync with the host and are CUDA-graph capturable.
 
-#include "mhc_sp/cuda/launch.cuh"
+#include "mhc_sp/cuda/math_launch.cuh"
 
 namespace mhc_sp {
 namespace cuda {

@@ -2,7 +2,7 @@
 // CUDA entry point of mhc_post_pre: the post (writes residual_out) fused into the next pre.
 // Kernels: mhc_sp/cuda/pre.cuh.
 
-#include "mhc_sp/cuda/launch.cuh"
+#include "mhc_sp/cuda/math_launch.cuh"
 
 namespace mhc_sp::cuda {
 

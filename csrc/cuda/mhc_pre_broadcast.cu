@@ -2,7 +2,7 @@
 // CUDA entry point of mhc_pre_broadcast: first layer, x copied into the n streams. Kernels:
 // mhc_sp/cuda/pre.cuh.
 
-#include "mhc_sp/cuda/launch.cuh"
+#include "mhc_sp/cuda/math_launch.cuh"
 
 namespace mhc_sp::cuda {
 

@@ -116,9 +116,9 @@ std::tuple<Tensor, Tensor, Tensor> mhc_pre(const Tensor& residual, const Tensor&
                                            double norm_eps) {
   MHC_SP_NVTX_RANGE("mhc_pre");
   const StreamShape s = check_stream(residual, "residual");
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, s, residual, "residual", rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, s, residual, "residual",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(residual.device());
   PreOutputs out = mhc_pre_impl(residual, s, w);
   return {out.post, out.comb, out.layer_input};
@@ -138,9 +138,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_post_pre(
     int64_t sinkhorn_iters, double norm_eps) {
   MHC_SP_NVTX_RANGE("mhc_post_pre");
   const PostInputs in = check_post_inputs(x, residual, post, comb);
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, in.shape, residual, "residual", rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, in.shape, residual, "residual",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(residual.device());
   return mhc_post_pre_impl(x, in, w);
 }
@@ -153,9 +153,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> mhc_pre_broadcast(
   TORCH_CHECK_VALUE(x.defined(), "x: expected a tensor, got None");
   check_tensor(x, "x", at::kBFloat16, 2, "(tokens, hidden)", x, "x");
   const StreamShape s = check_broadcast_shape(x, fn, x.size(0));
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, s, x, "x", rms_eps, hc_pre_eps,
-                        hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, s, x, "x",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(x.device());
   return mhc_pre_broadcast_impl(x, s, w);
 }

@@ -10,6 +10,7 @@
 
 #include "mhc_sp/boundary_protocol.h"
 #include "mhc_sp/comm.h"
+#include "mhc_sp/composed_boundary.h"
 #include "mhc_sp/impl.h"
 #include "mhc_sp/nvtx.h"
 #include "mhc_sp/ops.h"
@@ -237,9 +238,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
   // The broadcast pre's own checks, made before any rank exchanges anything.
   const int64_t T = x.size(0);
   const StreamShape rows = check_broadcast_shape(x, fn, sharded ? shard_rows(T, g.world) : T);
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, rows, x, "x", rms_eps, hc_pre_eps,
-                        hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, rows, x, "x",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(x.device());
   const EntryArgs args{x, w, rows, sharded};
   if (g.comm && g.comm->fused()) return g.comm->fused()->fused_entry(args);
@@ -253,9 +254,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
     double hc_sinkhorn_eps, double hc_post_mult, int64_t sinkhorn_iters, double norm_eps) {
   MHC_SP_NVTX_RANGE("fused_layer");
   const auto [in, g] = check_boundary(partial, residual, post, comb, group, sharded, num_tokens);
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, in.shape, residual, "residual", rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, in.shape, residual, "residual",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(residual.device());
   const LayerArgs args{partial, in, w, sharded, num_tokens};
   if (g.comm && g.comm->fused()) return g.comm->fused()->fused_layer(args);

@@ -24,7 +24,7 @@
 
 #include "testing/symm_errors.h"
 #include "testing/symm_sim.h"
-#include "transport/symm/launch.h"
+#include "transport/symm/kernels.h"
 #endif
 
 namespace py = pybind11;
@@ -154,9 +154,9 @@ std::vector<LayerOutputs> sim_fused_layer(
   const int64_t rows = sharded ? shard_rows(num_tokens, world) : num_tokens;
   TORCH_CHECK_VALUE(num_tokens >= 1, "num_tokens: expected a value >= 1, got ", num_tokens);
   TORCH_CHECK_VALUE(absent >= -1 && absent < world, "absent: expected -1 or a rank, got ", absent);
-  const PreWeights w =
-      check_pre_weights(fn, hc_scale, hc_base, norm_weight, s, ref, "residuals[0]", rms_eps,
-                        hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
+  const PreWeights w = check_pre_weights(
+      fn, hc_scale, hc_base, norm_weight, s, ref, "residuals[0]",
+      {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   std::vector<LayerArgs> calls;
   std::vector<LayerOutputs> outs;
   for (int64_t r = 0; r < world; ++r) {

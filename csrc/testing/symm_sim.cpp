@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "transport/symm/launch.h"
+#include "transport/symm/kernels.h"
 
 namespace mhc_sp::testing {
 

@@ -5,7 +5,7 @@
 // launch: the finish follows the projection in stream order.
 
 #include "testing/symm_sim.h"
-#include "transport/symm/launch.cuh"
+#include "transport/symm/kernel_params.cuh"
 
 namespace mhc_sp::testing {
 namespace {
@@ -86,22 +86,23 @@ void sim_launch_fused_layer(const std::vector<RankView>& ranks, const std::vecto
   cuda::PrePlan plan{};
   std::vector<cuda::PreWorkspace> ws;
   ws.reserve(R);
-  if (!calls[0].sharded) {
-    SimParams<LamportLayerParams> P{};
+  // Every simulated rank's parameters, made by `params` (lamport_layer_params or
+  // sharded_layer_params), and its pre's split-K workspace.
+  auto fill = [&](auto& P, auto params) {
     P.absent = absent;
     for (int64_t i = 0; i < R; ++i) {
-      P.r[i] = cuda::lamport_layer_params<N>(ranks[i], calls[i], outs[i], plan);
+      P.r[i] = params(ranks[i], calls[i], outs[i], plan);
       ws.emplace_back(P.r[i].pre, plan);
     }
+  };
+  if (!calls[0].sharded) {
+    SimParams<LamportLayerParams> P{};
+    fill(P, cuda::lamport_layer_params<N>);
     launch_ranks(sim_lamport_layer_kernel, kProjThreads, plan.items, P, R, stream);
     return;
   }
   SimParams<ShardedLayerParams> P{};
-  P.absent = absent;
-  for (int64_t i = 0; i < R; ++i) {
-    P.r[i] = cuda::sharded_layer_params<N>(ranks[i], calls[i], outs[i], plan);
-    ws.emplace_back(P.r[i].pre, plan);
-  }
+  fill(P, cuda::sharded_layer_params<N>);
   launch_ranks(sim_sharded_layer_kernel, kProjThreads, plan.items, P, R, stream);
   launch_ranks(sim_sharded_finish_kernel, kFinishThreads, cuda::finish_groups(calls[0].in.shape.T),
                P, R, stream);

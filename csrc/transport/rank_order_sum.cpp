@@ -4,7 +4,7 @@
 // own type otherwise), rounded once to the data's type. Every rank that sums the same parts gets
 // the same bits, whatever the transport; an all -0 position gives +0.
 
-#include "mhc_sp/comm.h"
+#include "transport/rank_order_sum.h"
 
 namespace mhc_sp {
 
@@ -12,7 +12,7 @@ void rank_order_sum(void* dst, const std::vector<const void*>& parts, int64_t co
                     at::ScalarType dtype) {
   const auto opts = at::TensorOptions().dtype(dtype);
   const auto acc_type = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
-  Tensor acc = at::zeros({count}, opts.dtype(acc_type));
+  at::Tensor acc = at::zeros({count}, opts.dtype(acc_type));
   for (const void* p : parts) acc.add_(at::from_blob(const_cast<void*>(p), {count}, opts));
   at::from_blob(dst, {count}, opts).copy_(acc);
 }

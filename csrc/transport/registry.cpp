@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "mhc_sp/comm.h"
+#include "transport/gloo/transport.h"
 
 namespace mhc_sp {
 namespace {
@@ -48,14 +49,14 @@ void register_group(const std::string& name, int64_t rank, int64_t world) {
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     try {
       pg = c10d::resolve_process_group(name);
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
       TORCH_CHECK_VALUE(false, "group: unknown torch.distributed group '", name, "'");
     }
     TORCH_CHECK_VALUE(pg->getSize() == world && pg->getRank() == rank, "group: '", name,
                       "' has rank ", pg->getRank(), " of ", pg->getSize(), ", not ", rank, " of ",
                       world);
     try {
-      cpu = make_gloo_communicator(name);
+      cpu = gloo::make_communicator(name);
     } catch (const c10::ValueError&) {
       // No CPU backend (e.g. an NCCL-only group): CPU tensors on it are refused in group_for.
     }

@@ -433,7 +433,7 @@ NINJA_LOG = """# ninja log v5
 9\t12009\t0\tCMakeFiles/_C.dir/csrc/registration.cpp.o\tx
 12009\t62009\t0\tCMakeFiles/_C.dir/csrc/cuda/mhc_pre.cu.o\tx
 62009\t72009\t0\tCMakeFiles/_C.dir/csrc/ops/sp_ops.cpp.o\tx
-9\t90009\t0\tCMakeFiles/s.dir/csrc/transport/symm/launch.cu.o\tx
+9\t90009\t0\tCMakeFiles/s.dir/csrc/transport/symm/collective_launch.cu.o\tx
 90009\t90609\t0\tmhc_sp/_C.cpython-311-x86_64-linux-gnu.so\tx
 1\t8\t0\tbuild/CMakeFiles/cmake.verify_globs\tx
 """
@@ -445,7 +445,7 @@ def test_build_times_reads_the_last_build_that_compiled(tmp_path):
     s = build_times.summarise(build_times.read_last_run(str(log)), cores=16)
     assert (s["cuda_units"], s["cxx_units"]) == (2, 2)
     assert s["compile_s_total"] == 90.0 + 12.0 + 50.0 + 10.0
-    assert s["longest"]["output"].endswith("launch.cu.o")
+    assert s["longest"]["output"].endswith("collective_launch.cu.o")
     assert s["estimate_s"] == 90.0 + 0.6  # the longest unit, then the link
     two = build_times.summarise(build_times.read_last_run(str(log)), cores=2)
     assert two["estimate_s"] == 90.0 + 0.6  # 90 | 50 + 12 + 10: the longest still bounds it
@@ -463,7 +463,8 @@ def test_build_times_command_line(tmp_path):
     assert json.loads(out.read_text())["cores"] == 16
     top = subprocess.run([*tool, str(log), "--top", "1"], capture_output=True, text=True)
     lines = top.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].endswith("launch.cu.o") and "on 16 cores" in lines[1]
+    assert len(lines) == 2 and lines[0].endswith("collective_launch.cu.o")
+    assert "on 16 cores" in lines[1]
     for args, message in (
         ([str(log), "--cores", "0"], "--cores: expected at least 1, got 0"),
         ([str(tmp_path / "missing")], "ninja_log: cannot read"),

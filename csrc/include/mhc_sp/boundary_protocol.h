@@ -2,7 +2,7 @@
 #pragma once
 // The boundary protocol: how the ranks of one group exchange a boundary's rows through memory
 // that every rank can load and store directly. The CPU shared-memory transport
-// (csrc/transport/shm_*.cpp, one POSIX segment per group) follows it; a device transport over
+// (csrc/transport/shm/, one POSIX segment per group) follows it; a device transport over
 // symmetric memory follows the same rules, with "segment" meaning the set of peer buffers.
 // Plain structs and offsets only, so host code and CUDA kernels compute the same layout.
 //
@@ -143,7 +143,7 @@ struct alignas(kAlign) CallHeader {
   // of a rank pairs with block b of every other at each barrier and reads what they moved.
   uint32_t blocks;            // grid of the call's (first) kernel
   uint32_t finish_blocks;     // grid of its second kernel (the sharded boundary's finish), or 0
-  uint32_t chunks_per_split;  // the pre's H-chunks per block (mhc_sp/cuda/launch.cuh plan_pre)
+  uint32_t chunks_per_split;  // the pre's H-chunks per block (mhc_sp/cuda/math_launch.cuh plan_pre)
   uint32_t unused;
 };
 

@@ -1,21 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Groups registered with mhc_sp (mhc_sp.distributed.init) and the transports behind the ops'
-// `str group` argument. Each registered group has at most one transport per device type, fixed at
-// init: for CPU tensors the group's own gloo backend (csrc/transport/gloo/) or a same-host
-// shared-memory workspace (csrc/transport/shm/); for CUDA tensors an NCCL communicator created by
-// mhc_sp (csrc/transport/nccl/) or a symmetric-memory workspace over the peers' GPU buffers
+// The transport interface (Communicator, with an optional FusedBoundary) and the registry of
+// groups initialised with mhc_sp (mhc_sp.distributed.init) behind the ops' `str group` argument.
+// Each registered group has at most one transport per device type, fixed at init: for CPU tensors
+// the group's own gloo backend (csrc/transport/gloo/) or a same-host shared-memory workspace
+// (csrc/transport/shm/); for CUDA tensors an NCCL communicator created by mhc_sp
+// (csrc/transport/nccl/) or a symmetric-memory workspace over the peers' GPU buffers
 // (csrc/transport/symm/). A world of one needs none ("local"). The registry
-// (csrc/transport/registry.cpp) owns each transport; an op holds it for its call.
+// (csrc/transport/registry.cpp) owns each transport; an op holds it for its call. Each transport's
+// factory and setup bindings are in its own folder (transport/<name>/transport.h); the boundary
+// composed from the collectives is in mhc_sp/composed_boundary.h.
 
 #include <ATen/ATen.h>
 
-#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "mhc_sp/params.h"
 
@@ -77,7 +78,8 @@ class Communicator {
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
   // out <- sum over ranks of in (same shape)
   virtual void all_reduce(Tensor& out, const Tensor& in) = 0;
-  // The one-pass boundary, when the transport has one (else the ops compose the collectives).
+  // The one-pass boundary, when the transport has one (else the ops compose the collectives:
+  // mhc_sp/composed_boundary.h).
   virtual FusedBoundary* fused() { return nullptr; }
 };
 
@@ -89,14 +91,6 @@ struct GroupHandle {
   int64_t world;
   std::shared_ptr<Communicator> comm;
 };
-
-// The boundary composed from the group's collectives (`g.comm`) and the math ops' bodies
-// (csrc/ops/sp_ops.cpp):
-// what the fused ops run when the transport has no one-pass boundary, and what a FusedBoundary
-// runs for calls it does not take itself.
-EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g);
-LayerOutputs composed_fused_layer(const LayerArgs& a, const GroupHandle& g);
-HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g);
 
 // Registers `name` (rank, world) and, when world > 1 and the group has a CPU backend, gloo as its
 // CPU transport. Idempotent: registering again with the same rank and world keeps the transports.
@@ -113,34 +107,5 @@ std::string group_transport(const std::string& name, c10::DeviceType device_type
 // The group `name` for a collective on tensor `t` (named `arg` in errors), holding its transport
 // for the call. ValueError when the group is unknown to mhc_sp or has no transport for t's device.
 GroupHandle group_for(const std::string& name, const Tensor& t, const char* arg);
-
-// dst <- the sum of `count` elements at each of parts[0], parts[1], ... (rank order) from +0, in
-// fp32 for bf16/fp16 data, rounded once to `dtype` (csrc/transport/rank_order_sum.cpp): the one
-// reduction rule of the CPU transports.
-void rank_order_sum(void* dst, const std::vector<const void*>& parts, int64_t count,
-                    at::ScalarType dtype);
-
-// CPU transports (csrc/transport/gloo/, csrc/transport/shm/). Each is collective over the group:
-// every rank calls it.
-std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name);
-// A fresh unguessable POSIX shared-memory name (rank 0 makes it, the group broadcasts it).
-std::string new_shm_segment_name();
-// Rank 0 creates `segment`, the others map it, rank 0 unlinks it once all have. Waits on peers
-// are bounded by `timeout`.
-std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
-                                                    const std::string& segment,
-                                                    std::chrono::milliseconds timeout);
-
-#if defined(MHC_SP_WITH_CUDA)
-// NCCL setup (csrc/transport/nccl/communicator.cpp): rank 0 makes the id, the group broadcasts it,
-// every rank then creates its communicator on `device` and attaches it to the registered group
-// `name`.
-std::string nccl_unique_id();
-void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device);
-// The same communicator, returned instead of attached (the symm transport keeps it as its
-// fallback).
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
-                                                     const std::string& unique_id, int64_t device);
-#endif
 
 }  // namespace mhc_sp

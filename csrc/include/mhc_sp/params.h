@@ -19,6 +19,17 @@ namespace mhc_sp {
 
 using OptTensor = std::optional<Tensor>;
 
+// The scalar tail of a pre as the schemas pass it (docs/design.md §2), before its checks: the op
+// entries gather it here once and hand it on as one value.
+struct ScalarArgs {
+  double rms_eps;
+  double hc_pre_eps;
+  double hc_sinkhorn_eps;
+  double hc_post_mult;
+  int64_t sinkhorn_iters;
+  double norm_eps;
+};
+
 // A pre's projection (fn (n(n+2), n*H), hc_scale (3,), hc_base (n(n+2),), fp32), its optional
 // RMSNorm weight (fp32, contiguous) and the scalar tail narrowed to fp32.
 struct PreWeights {
@@ -48,18 +59,17 @@ struct PostInputs {
 
 // ---- checks (each raises a Python exception naming the argument) --------------------------------
 
-inline MhcScalars check_scalars(double rms_eps, double hc_pre_eps, double hc_sinkhorn_eps,
-                                double hc_post_mult, int64_t sinkhorn_iters, double norm_eps) {
-  TORCH_CHECK_VALUE(rms_eps > 0, "rms_eps: expected a positive value, got ", rms_eps);
-  TORCH_CHECK_VALUE(norm_eps > 0, "norm_eps: expected a positive value, got ", norm_eps);
-  TORCH_CHECK_VALUE(hc_pre_eps >= 0, "hc_pre_eps: expected a value >= 0, got ", hc_pre_eps);
-  TORCH_CHECK_VALUE(hc_sinkhorn_eps >= 0, "hc_sinkhorn_eps: expected a value >= 0, got ",
-                    hc_sinkhorn_eps);
-  TORCH_CHECK_VALUE(sinkhorn_iters >= 1 && sinkhorn_iters <= 1000,
-                    "sinkhorn_iters: expected a value in [1, 1000], got ", sinkhorn_iters);
-  return MhcScalars{static_cast<float>(rms_eps),         static_cast<float>(hc_pre_eps),
-                    static_cast<float>(hc_sinkhorn_eps), static_cast<float>(hc_post_mult),
-                    static_cast<int>(sinkhorn_iters),    static_cast<float>(norm_eps)};
+inline MhcScalars check_scalars(const ScalarArgs& a) {
+  TORCH_CHECK_VALUE(a.rms_eps > 0, "rms_eps: expected a positive value, got ", a.rms_eps);
+  TORCH_CHECK_VALUE(a.norm_eps > 0, "norm_eps: expected a positive value, got ", a.norm_eps);
+  TORCH_CHECK_VALUE(a.hc_pre_eps >= 0, "hc_pre_eps: expected a value >= 0, got ", a.hc_pre_eps);
+  TORCH_CHECK_VALUE(a.hc_sinkhorn_eps >= 0, "hc_sinkhorn_eps: expected a value >= 0, got ",
+                    a.hc_sinkhorn_eps);
+  TORCH_CHECK_VALUE(a.sinkhorn_iters >= 1 && a.sinkhorn_iters <= 1000,
+                    "sinkhorn_iters: expected a value in [1, 1000], got ", a.sinkhorn_iters);
+  return MhcScalars{static_cast<float>(a.rms_eps),         static_cast<float>(a.hc_pre_eps),
+                    static_cast<float>(a.hc_sinkhorn_eps), static_cast<float>(a.hc_post_mult),
+                    static_cast<int>(a.sinkhorn_iters),    static_cast<float>(a.norm_eps)};
 }
 
 inline HeadScalars check_head_scalars(double rms_eps, double hc_eps) {
@@ -72,14 +82,11 @@ inline HeadScalars check_head_scalars(double rms_eps, double hc_eps) {
 // is `ref`'s (named `ref_name` in errors).
 inline PreWeights check_pre_weights(const Tensor& fn, const Tensor& hc_scale, const Tensor& hc_base,
                                     const OptTensor& norm_weight, const StreamShape& s,
-                                    const Tensor& ref, const char* ref_name, double rms_eps,
-                                    double hc_pre_eps, double hc_sinkhorn_eps, double hc_post_mult,
-                                    int64_t sinkhorn_iters, double norm_eps) {
+                                    const Tensor& ref, const char* ref_name,
+                                    const ScalarArgs& scalars) {
   check_mhc_projection(fn, hc_scale, hc_base, s, ref, ref_name);
   OptTensor w = check_norm_weight(norm_weight, s.H, ref, ref_name);
-  const MhcScalars sc =
-      check_scalars(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps);
-  return PreWeights{fn, hc_scale, hc_base, std::move(w), sc};
+  return PreWeights{fn, hc_scale, hc_base, std::move(w), check_scalars(scalars)};
 }
 
 // The stream shape of a broadcast pre of x (tokens, hidden), a checked bf16 tensor, over `rows`

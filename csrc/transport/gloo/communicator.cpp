@@ -11,7 +11,8 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "mhc_sp/comm.h"
+#include "transport/gloo/transport.h"
+#include "transport/rank_order_sum.h"
 
 namespace mhc_sp {
 namespace {
@@ -93,7 +94,7 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(const std::string& name) {
+std::unique_ptr<Communicator> gloo::make_communicator(const std::string& name) {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
     pg = c10d::resolve_process_group(name);

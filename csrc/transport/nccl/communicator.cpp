@@ -19,7 +19,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "mhc_sp/comm.h"
+#include "transport/nccl/transport.h"
 
 namespace mhc_sp {
 namespace {
@@ -118,14 +118,15 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::string nccl_unique_id() {
+std::string nccl::unique_id() {
   ncclUniqueId id;
   MHC_SP_NCCL_CHECK(ncclGetUniqueId(&id));
   return std::string(id.internal, sizeof(id.internal));
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
-                                                     const std::string& unique_id, int64_t device) {
+std::unique_ptr<Communicator> nccl::make_communicator(const std::string& name,
+                                                      const std::string& unique_id,
+                                                      int64_t device) {
   ncclUniqueId id;
   TORCH_CHECK_VALUE(unique_id.size() == sizeof(id.internal), "unique_id: expected ",
                     sizeof(id.internal), " bytes, got ", unique_id.size());
@@ -136,11 +137,6 @@ std::unique_ptr<Communicator> make_nccl_communicator(const std::string& name,
   MHC_SP_NCCL_CHECK(
       ncclCommInitRank(&comm, static_cast<int>(g.world), id, static_cast<int>(g.rank)));
   return std::make_unique<NcclCommunicator>(comm, device);
-}
-
-void init_nccl_communicator(const std::string& name, const std::string& unique_id, int64_t device) {
-  attach_communicator(name, c10::DeviceType::CUDA, device,
-                      make_nccl_communicator(name, unique_id, device));
 }
 
 }  // namespace mhc_sp

@@ -19,9 +19,10 @@
 #include <cstring>
 #include <vector>
 
-#include "mhc_sp/comm.h"
 #include "mhc_sp/impl.h"
 #include "mhc_sp/nvtx.h"
+#include "transport/rank_order_sum.h"
+#include "transport/shm/transport.h"
 #include "transport/shm/workspace.h"
 
 namespace mhc_sp {
@@ -279,9 +280,9 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_shm_communicator(const std::string& name,
-                                                    const std::string& segment,
-                                                    std::chrono::milliseconds timeout) {
+std::unique_ptr<Communicator> shm::make_communicator(const std::string& name,
+                                                     const std::string& segment,
+                                                     std::chrono::milliseconds timeout) {
   const GroupHandle g = registered_group(name);
   return std::make_unique<ShmCommunicator>(name, g.rank, g.world, segment, timeout);
 }

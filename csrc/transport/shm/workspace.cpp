@@ -1,24 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shared-memory workspace: POSIX segments laid out and driven as mhc_sp/boundary_protocol.h
-// describes. Everything here is host code; the rows themselves are read and written by
-// transport/shm/communicator.cpp and the CPU kernels.
+// The shared-memory workspace: the protocol of mhc_sp/boundary_protocol.h over POSIX segments
+// (transport/shm/segment.h). Everything here is host code; the rows themselves are read and
+// written by transport/shm/communicator.cpp and the CPU kernels.
 
 #include "transport/shm/workspace.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <random>
-#include <thread>
 
 #include <ATen/Parallel.h>
 
@@ -26,158 +17,15 @@
 #include <emmintrin.h>
 #endif
 
-#include "mhc_sp/comm.h"
-
 namespace mhc_sp::shm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waiting: spin through the short waits of balanced ranks, then sleep on the peer's futex word
-// until it arrives (it wakes its sleepers). While ranks fit the cores a spin is cheaper than a
-// sleep and its wake-up; when they outnumber the cores, the rank being waited for may need this
-// very core, so the wait sleeps almost at once.
-constexpr auto kSpinForOwnCore = std::chrono::microseconds(100);
-constexpr auto kSpinForSharedCore = std::chrono::microseconds(5);
-constexpr int kSpinsPerClock = 64;
-constexpr auto kCheckEvery = std::chrono::microseconds(5000);  // liveness, timeout, broken word
-
 constexpr int64_t kInitialHalfBytes = int64_t{1} << 20;
 // Rows published into the segment are copied in chunks of this size, the broken word checked
 // before each (rule 6): what a rank stopped mid-copy may still write once it runs again.
 constexpr int64_t kWriteChunk = int64_t{64} << 10;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-std::string errno_text(int err) { return std::string(std::strerror(err)); }
-
-// Shared (not process-private) futexes: the words live in a segment mapped by several processes.
-void futex_wait(uint32_t* word, uint32_t seen, std::chrono::microseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000),
-              static_cast<long>(timeout.count() % 1000000) * 1000};
-  syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-void futex_wake_all(uint32_t* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
-
-// The process is gone: no /proc entry, or a zombie waiting to be reaped.
-bool process_gone(int64_t pid) {
-  if (pid <= 0) return false;
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH;
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')');  // the command name may itself contain ')'
-  if (!paren || paren[1] == '\0' || paren[2] == '\0') return false;
-  return paren[2] == 'Z' || paren[2] == 'X';
-}
-
-struct Unlinker {
-  std::string name;
-  ~Unlinker() {
-    if (!name.empty()) ::shm_unlink(name.c_str());
-  }
-};
-
-Segment map_fd(int fd, int64_t bytes, const std::string& name) {
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  TORCH_CHECK(p != MAP_FAILED, "shm: cannot map segment ", name, " (", bytes,
-              " bytes): ", errno_text(err));
-  return Segment(static_cast<uint8_t*>(p), bytes);
-}
-
-// Creates, sizes (reserving the memory, so that a full /dev/shm is an error here rather than a
-// SIGBUS later) and maps a segment only this user can open.
-Segment create_segment(const std::string& name, int64_t world, int64_t half_bytes) {
-  const int64_t bytes = bp::segment_bytes(world, half_bytes);
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, S_IRUSR | S_IWUSR);
-  const int err = errno;
-  TORCH_CHECK(fd >= 0, "shm: cannot create segment ", name, ": ", errno_text(err));
-  Unlinker unlink_on_error{name};
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  TORCH_CHECK(::fchmod(fd, S_IRUSR | S_IWUSR) == 0, "shm: cannot restrict segment ", name, ": ",
-              errno_text(errno));
-  const int rc = ::posix_fallocate(fd, 0, bytes);
-  TORCH_CHECK(rc == 0, "shm: cannot reserve ", bytes,
-              " bytes for the workspace in /dev/shm: ", errno_text(rc), " (", world,
-              " ranks x 2 halves x ", half_bytes, " bytes)");
-  Segment seg = map_fd(fd, bytes, name);
-  auto* h = seg.header();
-  h->version = bp::kVersion;
-  h->world = static_cast<uint32_t>(world);
-  h->half_bytes = static_cast<uint64_t>(half_bytes);
-  h->total_bytes = static_cast<uint64_t>(bytes);
-  __atomic_store_n(&h->magic, bp::kMagic, __ATOMIC_RELEASE);
-  unlink_on_error.name.clear();
-  return seg;
-}
-
-// Opens and maps a segment made by rank 0, waiting until it exists and is complete. The segment
-// is trusted only after it proves to be this user's private, complete, and of the geometry the
-// caller expects (half_bytes < 0: any).
-Segment open_segment(const std::string& name, int64_t world, int64_t half_bytes,
-                     Clock::time_point deadline) {
-  std::string last = "it does not exist yet";
-  while (true) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd >= 0) {
-      struct Closer {
-        int fd;
-        ~Closer() { ::close(fd); }
-      } closer{fd};
-      struct stat st{};
-      TORCH_CHECK(::fstat(fd, &st) == 0, "shm: cannot stat segment ", name, ": ",
-                  errno_text(errno));
-      TORCH_CHECK(st.st_uid == ::geteuid() && (st.st_mode & 077) == 0, "shm: segment ", name,
-                  " is not private to this user (uid ", st.st_uid, ", mode ", std::oct,
-                  (st.st_mode & 0777), "); refusing it");
-      const int64_t bytes = st.st_size;
-      if (bytes >= bp::slots_offset(1)) {
-        Segment seg = map_fd(fd, bytes, name);
-        const auto* h = seg.header();
-        if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == bp::kMagic) {
-          TORCH_CHECK(h->version == bp::kVersion, "shm: segment ", name, " has protocol version ",
-                      h->version, ", this build speaks ", bp::kVersion);
-          TORCH_CHECK(h->world == static_cast<uint64_t>(world), "shm: segment ", name, " is for ",
-                      h->world, " ranks, the group has ", world);
-          const auto half = static_cast<int64_t>(h->half_bytes);
-          TORCH_CHECK(half > 0 && half % bp::kAlign == 0 && half >= bp::call_layout(0, 0).need &&
-                          (half_bytes < 0 || half == half_bytes) &&
-                          static_cast<int64_t>(h->total_bytes) == bytes &&
-                          bp::segment_bytes(world, half) == bytes,
-                      "shm: segment ", name, " is inconsistent: ", bytes, " bytes, header says ",
-                      h->total_bytes, " bytes and half size ", half,
-                      half_bytes < 0 ? std::string() : c10::str(" (expected ", half_bytes, ")"));
-          return seg;
-        }
-        last = "it is not initialised yet";
-      } else {
-        last = "it is not sized yet";
-      }
-    } else if (errno != ENOENT) {
-      TORCH_CHECK(false, "shm: cannot open segment ", name, ": ", errno_text(errno));
-    }
-    TORCH_CHECK(Clock::now() < deadline, "shm: segment ", name, " did not appear in time (", last,
-                "): rank 0 did not create it");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
 
 // Rows published for the peers bypass this core's caches when there are many of them: streaming
 // stores skip reading every destination line before writing it (a quarter less time for the
@@ -213,22 +61,11 @@ void fence_streaming() {
 #endif
 }
 
-void unlink_quietly(const std::string& name) {
-  if (!name.empty()) ::shm_unlink(name.c_str());  // ENOENT: rank 0 or a peer already did
-}
-
-// The first rank to blame a peer is the one recorded (like `broken`, rule 6).
-void mark_broken(bp::SegmentHeader* h, int64_t rank, int64_t culprit, bp::Fault why) {
-  bp::blame(&h->blamed, bp::blame_word(culprit, why));
-  bp::mark_broken(&h->broken, static_cast<uint32_t>(rank));
-}
-
 const char* tensor_arg(bp::Op op) {
   return op == bp::Op::kFusedLayer || op == bp::Op::kFusedHead ? "partial" : "x";
 }
 
-}  // namespace
-
+// Name of the op behind a protocol Op, for errors.
 const char* op_name(bp::Op op) {
   switch (op) {
     case bp::Op::kAllGather: return "all_gather";
@@ -241,34 +78,41 @@ const char* op_name(bp::Op op) {
   }
 }
 
-Segment::Segment(Segment&& other) noexcept : base_(other.base_), bytes_(other.bytes_) {
-  other.base_ = nullptr;
-  other.bytes_ = 0;
-}
-
-Segment& Segment::operator=(Segment&& other) noexcept {
-  if (this != &other) {
-    if (base_) ::munmap(base_, static_cast<size_t>(bytes_));
-    base_ = other.base_;
-    bytes_ = other.bytes_;
-    other.base_ = nullptr;
-    other.bytes_ = 0;
+// What rank r's header differs from rank 0's in: the argument to name and the detail.
+std::pair<const char*, std::string> mismatch(const bp::CallHeader& ref, const bp::CallHeader& h,
+                                             int64_t r) {
+  const auto op0 = static_cast<bp::Op>(ref.op), op = static_cast<bp::Op>(h.op);
+  if (ref.call != h.call || ref.epoch != h.epoch || ref.op != h.op || ref.flags != h.flags) {
+    return {"group",
+            c10::str("rank 0 called ", op_name(op0), (ref.flags & bp::kSharded) ? " (sharded)" : "",
+                     " as call ", ref.call, ", rank ", r, " called ", op_name(op),
+                     (h.flags & bp::kSharded) ? " (sharded)" : "", " as call ", h.call)};
   }
-  return *this;
+  if (ref.num_tokens != h.num_tokens) {
+    return {"num_tokens",
+            c10::str("rank 0 passed ", ref.num_tokens, ", rank ", r, " passed ", h.num_tokens)};
+  }
+  if (ref.rows != h.rows || ref.inner != h.inner) {
+    return {tensor_arg(op0),
+            c10::str("rank 0 passed ", ref.rows, " rows of ", ref.inner, " elements, rank ", r,
+                     " passed ", h.rows, " rows of ", h.inner)};
+  }
+  return {tensor_arg(op0),
+          c10::str("rank 0 passed dtype ", static_cast<c10::ScalarType>(ref.dtype), ", rank ", r,
+                   " passed ", static_cast<c10::ScalarType>(h.dtype))};
 }
 
-Segment::~Segment() {
-  if (base_) ::munmap(base_, static_cast<size_t>(bytes_));
-}
+}  // namespace
 
 // ---- Workspace ----------------------------------------------------------------------------
 
 Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::string& segment,
                      std::chrono::milliseconds timeout)
-    : group_(std::move(group)), name_(segment), rank_(rank), world_(world), timeout_(timeout) {
-  cpu_set_t cpus;
-  const int64_t cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  spin_for_ = world <= cores ? kSpinForOwnCore : kSpinForSharedCore;
+    : group_(std::move(group)),
+      name_(segment),
+      rank_(rank),
+      world_(world),
+      waiter_(world, timeout) {
   TORCH_CHECK_VALUE(world >= 2 && world <= bp::kMaxWorld, "group: the shm transport serves 2 to ",
                     bp::kMaxWorld, " ranks, got ", world);
   // Room for the suffix of grown segments ("_<generation>").
@@ -276,14 +120,14 @@ Workspace::Workspace(std::string group, int64_t rank, int64_t world, const std::
                         segment[0] == '/' && segment.find('/', 1) == std::string::npos,
                     "segment: expected a POSIX shared-memory name, got '", segment, "'");
   // Whoever fails to join removes the segment: rank 0 may have died after creating it.
-  Unlinker unlink{segment};
+  UnlinkOnExit unlink(segment);
   seg_ = rank == 0 ? create_segment(segment, world, kInitialHalfBytes)
-                   : open_segment(segment, world, -1, Clock::now() + timeout_);
+                   : open_segment(segment, world, -1, Clock::now() + timeout);
   seg_name_ = segment;
   __atomic_store_n(&seg_.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
   barrier("joining the workspace");
-  // Every rank has mapped it: rank 0 unlinks it now (Unlinker), the others leave it to rank 0.
-  if (rank != 0) unlink.name.clear();
+  // Every rank has mapped it: rank 0 unlinks it now (UnlinkOnExit), the others leave it to rank 0.
+  if (rank != 0) unlink.keep();
 }
 
 Workspace::~Workspace() {
@@ -293,7 +137,7 @@ Workspace::~Workspace() {
     __atomic_store_n(&seg_.control(rank_)->pid, -static_cast<int64_t>(::getpid()),
                      __ATOMIC_RELAXED);
   }
-  unlink_quietly(seg_name_);
+  unlink_segment(seg_name_);
 }
 
 std::string Workspace::blame() const {
@@ -303,112 +147,84 @@ std::string Workspace::blame() const {
   switch (bp::blamed_fault(word)) {
     case bp::Fault::kExited: return c10::str("rank ", culprit, " exited or left the workspace");
     case bp::Fault::kTimedOut:
-      return c10::str("rank ", culprit, " did not arrive within ", timeout_.count() / 1000.0, " s");
+      return c10::str("rank ", culprit, " did not arrive within ",
+                      waiter_.timeout().count() / 1000.0, " s");
     case bp::Fault::kMismatch: return c10::str("rank ", culprit, " made a different call");
     case bp::Fault::kError: return c10::str("rank ", culprit, " failed");
     default: return "";
   }
 }
 
-void Workspace::fail(const std::string& message, int64_t culprit, bp::Fault why) {
-  broken_ = message;
-  mark_broken(seg_.header(), rank_, culprit, why);
-  unlink_quietly(seg_name_);
-  TORCH_CHECK(false, message);
+void Workspace::give_up(const Failure& f) {
+  broken_ = f.reason;
+  if (f.culprit >= 0) {
+    // The first rank to blame a peer is the one recorded (like `broken`, rule 6).
+    bp::blame(&seg_.header()->blamed, bp::blame_word(f.culprit, f.fault));
+    bp::mark_broken(&seg_.header()->broken, static_cast<uint32_t>(rank_));
+  }
+  unlink_segment(seg_name_);
 }
 
-void Workspace::fail_after_peer(const char* what) {
+void Workspace::fail(const Failure& f) {
+  give_up(f);
+  TORCH_CHECK_VALUE(!f.value_error, f.message);
+  TORCH_CHECK(false, f.message);
+}
+
+Workspace::Failure Workspace::peer_gave_up(const char* what) const {
   const uint32_t by = bp::load_broken(&seg_.header()->broken);
   const std::string culprit = blame();
-  broken_ = c10::str(culprit.empty() ? std::string() : c10::str(culprit, ", so "), "rank ", by - 1,
-                     " gave up on the workspace (see rank ", by - 1, "'s error)");
-  unlink_quietly(seg_name_);
-  TORCH_CHECK(false, "group '", group_, "' (shm transport): ", broken_, "; seen during ", what,
-              "; the workspace is broken: call mhc_sp.distributed.init(group) on every rank for "
-              "a new one");
+  const std::string reason =
+      c10::str(culprit.empty() ? std::string() : c10::str(culprit, ", so "), "rank ", by - 1,
+               " gave up on the workspace (see rank ", by - 1, "'s error)");
+  return {reason,
+          c10::str("group '", group_, "' (shm transport): ", reason, "; seen during ", what,
+                   "; the workspace is broken: call mhc_sp.distributed.init(group) on every rank "
+                   "for a new one"),
+          -1, bp::Fault::kNone, false};
 }
 
-void Workspace::fail_if_peer_gave_up(const char* what) {
-  if (bp::load_broken(&seg_.header()->broken) != 0) fail_after_peer(what);
-}
-
-void Workspace::check_usable(const char* what) {
-  TORCH_CHECK(broken_.empty(), "group '", group_,
-              "' (shm transport): the workspace is broken by an earlier error (", broken_,
-              "); call mhc_sp.distributed.init(group) on every rank for a new one");
-  fail_if_peer_gave_up(what);
+void Workspace::stop_if_broken(const char* what) {
+  if (bp::load_broken(&seg_.header()->broken) != 0) fail(peer_gave_up(what));
 }
 
 void Workspace::barrier(const char* what) {
   arrive_and_wait(what);
-  fail_if_peer_gave_up(what);
+  stop_if_broken(what);
 }
 
 void Workspace::arrive_and_wait(const char* what) {
   // A rank that resumes after its peers gave up (e.g. it was stopped) does not even arrive.
-  fail_if_peer_gave_up(what);
+  stop_if_broken(what);
   const uint64_t e = ++epoch_;
-  bp::RankControl* mine = seg_.control(rank_);
-  bp::store_release(&mine->arrived, e);
-  __atomic_store_n(&mine->arrived_low, static_cast<uint32_t>(e), __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&mine->sleepers, __ATOMIC_SEQ_CST) != 0) futex_wake_all(&mine->arrived_low);
-  const auto start = Clock::now();
-  auto next_check = start + kCheckEvery;
-  int spins = 0;
-  bool spinning = true;
-  for (int64_t p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    bp::RankControl* peer = seg_.control(p);
-    while (bp::load_acquire(&peer->arrived) < e) {
-      if (spinning && ++spins % kSpinsPerClock != 0) {
-        cpu_relax();
-        continue;
-      }
-      if (spinning) {
-        spinning = Clock::now() - start < spin_for_;
-        continue;
-      }
-      // Once a peer gave up, this rank writes nothing more into the segment (rule 6): it neither
-      // announces a sleep nor takes back one it announced before it was stopped.
-      const bool gave_up = bp::load_broken(&seg_.header()->broken) != 0;
-      if (!gave_up) {
-        // Announce the sleep before the last look (both sequentially consistent), so that either
-        // this look sees the arrival or the arriving peer sees a sleeper and wakes it.
-        __atomic_fetch_add(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
-        const uint32_t seen = __atomic_load_n(&peer->arrived_low, __ATOMIC_SEQ_CST);
-        if (bp::load_acquire(&peer->arrived) < e) {
-          futex_wait(&peer->arrived_low, seen, kCheckEvery);
-        }
-        if (bp::load_broken(&seg_.header()->broken) == 0) {
-          __atomic_fetch_sub(&peer->sleepers, 1, __ATOMIC_SEQ_CST);
-        }
-      }
-      const auto now = Clock::now();
-      if (!gave_up && now < next_check) continue;
-      next_check = now + kCheckEvery;
-      if (bp::load_acquire(&peer->arrived) >= e) break;
-      if (bp::load_broken(&seg_.header()->broken) != 0) fail_after_peer(what);
-      const int64_t pid = __atomic_load_n(&seg_.control(p)->pid, __ATOMIC_RELAXED);
-      if (pid < 0) {
-        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", -pid,
-                      ") left the workspace (its group was destroyed or initialised again) "
-                      "during ",
-                      what, "; the workspace is now broken"),
-             p, bp::Fault::kExited);
-      }
-      if (process_gone(pid)) {
-        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " (pid ", pid,
-                      ") exited during ", what, "; the workspace is now broken"),
-             p, bp::Fault::kExited);
-      }
-      if (now - start >= timeout_) {
-        fail(c10::str("group '", group_, "' (shm transport): rank ", p, " did not reach ", what,
-                      " within ", timeout_.count() / 1000.0,
-                      " s (the group's timeout); the workspace is now broken"),
-             p, bp::Fault::kTimedOut);
-      }
-    }
+  Waiter::arrive(seg_.control(rank_), e);
+  const WaitResult late = waiter_.wait_for_peers(seg_, rank_, e);
+  if (late.stall == Stall::kNone) return;
+  if (late.stall == Stall::kGaveUp) fail(peer_gave_up(what));
+  const std::string prefix = c10::str("group '", group_, "' (shm transport): rank ", late.peer);
+  std::string message;
+  bp::Fault fault = bp::Fault::kExited;
+  switch (late.stall) {
+    case Stall::kNone:
+    case Stall::kGaveUp: break;  // returned or failed above
+    case Stall::kLeft:
+      message = c10::str(prefix, " (pid ", late.pid,
+                         ") left the workspace (its group was destroyed or initialised again) "
+                         "during ",
+                         what, "; the workspace is now broken");
+      break;
+    case Stall::kExited:
+      message = c10::str(prefix, " (pid ", late.pid, ") exited during ", what,
+                         "; the workspace is now broken");
+      break;
+    case Stall::kTimedOut:
+      message =
+          c10::str(prefix, " did not reach ", what, " within ", waiter_.timeout().count() / 1000.0,
+                   " s (the group's timeout); the workspace is now broken");
+      fault = bp::Fault::kTimedOut;
+      break;
   }
+  fail({message, message, late.peer, fault, false});
 }
 
 void Workspace::write_checked(uint8_t* dst, const void* src, int64_t bytes, const char* what) {
@@ -433,7 +249,7 @@ void Workspace::write_checked(uint8_t* dst, const void* src, int64_t bytes, cons
     }
     if (streaming) fence_streaming();  // on every thread that streamed
   });
-  if (stopped.load(std::memory_order_relaxed)) fail_after_peer(what);
+  if (stopped.load(std::memory_order_relaxed)) fail(peer_gave_up(what));
 }
 
 void Workspace::check_headers(int64_t half) {
@@ -441,32 +257,14 @@ void Workspace::check_headers(int64_t half) {
   for (int64_t r = 1; r < world_; ++r) {
     const auto& h = *reinterpret_cast<const bp::CallHeader*>(seg_.half(r, half));
     if (bp::same_call(ref, h)) continue;
-    const auto op0 = static_cast<bp::Op>(ref.op), op = static_cast<bp::Op>(h.op);
-    std::string detail;
-    const char* arg = "group";
-    if (ref.call != h.call || ref.epoch != h.epoch || ref.op != h.op || ref.flags != h.flags) {
-      detail =
-          c10::str("rank 0 called ", op_name(op0), (ref.flags & bp::kSharded) ? " (sharded)" : "",
-                   " as call ", ref.call, ", rank ", r, " called ", op_name(op),
-                   (h.flags & bp::kSharded) ? " (sharded)" : "", " as call ", h.call);
-    } else if (ref.num_tokens != h.num_tokens) {
-      arg = "num_tokens";
-      detail = c10::str("rank 0 passed ", ref.num_tokens, ", rank ", r, " passed ", h.num_tokens);
-    } else if (ref.rows != h.rows || ref.inner != h.inner) {
-      arg = tensor_arg(op0);
-      detail = c10::str("rank 0 passed ", ref.rows, " rows of ", ref.inner, " elements, rank ", r,
-                        " passed ", h.rows, " rows of ", h.inner);
-    } else {
-      arg = tensor_arg(op0);
-      detail = c10::str("rank 0 passed dtype ", static_cast<c10::ScalarType>(ref.dtype), ", rank ",
-                        r, " passed ", static_cast<c10::ScalarType>(h.dtype));
-    }
-    broken_ = c10::str(arg, ": ranks disagree on ", op_name(op0), ": ", detail);
-    mark_broken(seg_.header(), rank_, r, bp::Fault::kMismatch);
-    unlink_quietly(seg_name_);
-    TORCH_CHECK_VALUE(false, broken_, " (group '", group_,
-                      "', shm transport: every rank must make "
-                      "the same call; the workspace is now broken)");
+    const auto [arg, detail] = mismatch(ref, h, r);
+    const std::string reason =
+        c10::str(arg, ": ranks disagree on ", op_name(static_cast<bp::Op>(ref.op)), ": ", detail);
+    fail({reason,
+          c10::str(reason, " (group '", group_,
+                   "', shm transport: every rank must make the same call; the workspace is now "
+                   "broken)"),
+          r, bp::Fault::kMismatch, true});
   }
 }
 
@@ -475,7 +273,7 @@ void Workspace::grow(int64_t need) {
   // Every rank knows the name, so any rank that fails removes the segment (rank 0 may die after
   // creating it); rank 0 also announces it in next_name (rule 7).
   const std::string name = c10::str(name_, "_", generation_ + 1);
-  Unlinker unlink{name};
+  UnlinkOnExit unlink(name);
   Segment next;
   if (rank_ == 0) {
     std::memset(seg_.header()->next_name, 0, bp::kNameBytes);
@@ -483,9 +281,10 @@ void Workspace::grow(int64_t need) {
     try {
       next = create_segment(name, world_, half);
     } catch (const c10::Error& e) {
-      fail(c10::str("group '", group_, "' (shm transport): cannot grow the workspace to ", half,
-                    " bytes per rank and half: ", e.what_without_backtrace()),
-           rank_, bp::Fault::kError);
+      const std::string message =
+          c10::str("group '", group_, "' (shm transport): cannot grow the workspace to ", half,
+                   " bytes per rank and half: ", e.what_without_backtrace());
+      fail({message, message, rank_, bp::Fault::kError, false});
     }
   }
   barrier("growing the workspace");
@@ -495,11 +294,12 @@ void Workspace::grow(int64_t need) {
     try {
       TORCH_CHECK(announced == name, "rank 0 announced segment '", announced, "', expected '", name,
                   "'");
-      next = open_segment(name, world_, half, Clock::now() + timeout_);
+      next = open_segment(name, world_, half, Clock::now() + waiter_.timeout());
     } catch (const c10::Error& e) {
-      fail(c10::str("group '", group_, "' (shm transport): cannot map the grown workspace: ",
-                    e.what_without_backtrace()),
-           rank_, bp::Fault::kError);
+      const std::string message = c10::str(
+          "group '", group_,
+          "' (shm transport): cannot map the grown workspace: ", e.what_without_backtrace());
+      fail({message, message, rank_, bp::Fault::kError, false});
     }
   }
   __atomic_store_n(&next.control(rank_)->pid, static_cast<int64_t>(::getpid()), __ATOMIC_RELAXED);
@@ -508,14 +308,21 @@ void Workspace::grow(int64_t need) {
   seg_name_ = name;
   ++generation_;
   epoch_ = 0;
-  // Every rank has mapped it: rank 0 unlinks it now (Unlinker), the others leave it to rank 0.
-  if (rank_ != 0) unlink.name.clear();
+  // Every rank has mapped it: rank 0 unlinks it now (UnlinkOnExit), the others leave it to rank 0.
+  if (rank_ != 0) unlink.keep();
 }
 
 Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_tokens, int64_t inner,
                       at::ScalarType dtype) {
   std::unique_lock<std::mutex> lock(mutex_);
-  check_usable(op_name(op));
+  if (!broken_.empty()) {
+    fail({broken_,
+          c10::str("group '", group_,
+                   "' (shm transport): the workspace is broken by an earlier error (", broken_,
+                   "); call mhc_sp.distributed.init(group) on every rank for a new one"),
+          -1, bp::Fault::kNone, false});
+  }
+  stop_if_broken(op_name(op));
   bp::CallHeader h{};
   h.op = static_cast<uint32_t>(op);
   h.flags = flags;
@@ -533,7 +340,7 @@ Call Workspace::start(bp::Op op, uint32_t flags, int64_t rows, int64_t num_token
     *reinterpret_cast<bp::CallHeader*>(seg_.half(rank_, half)) = h;
     arrive_and_wait(op_name(op));
     check_headers(half);
-    fail_if_peer_gave_up(op_name(op));
+    stop_if_broken(op_name(op));
     grow(need);
     h.epoch = epoch_ + 1;
   }
@@ -557,9 +364,10 @@ Call::Call(Workspace& ws, std::unique_lock<std::mutex> lock, const bp::CallHeade
 
 Call::~Call() {
   if (done_ || !ws_.broken_.empty()) return;
-  ws_.broken_ = c10::str("rank ", rank_, " abandoned ", op_name(static_cast<bp::Op>(header_.op)),
-                         " after an error");
-  mark_broken(ws_.seg_.header(), rank_, rank_, bp::Fault::kError);
+  // Nothing to raise from a destructor: the failure is recorded, and the peers see the mark.
+  ws_.give_up({c10::str("rank ", rank_, " abandoned ", op_name(static_cast<bp::Op>(header_.op)),
+                        " after an error"),
+               "", rank_, bp::Fault::kError, false});
 }
 
 void Call::write_in(const void* src, int64_t offset, int64_t bytes) {
@@ -575,24 +383,9 @@ void Call::publish() {
   ws_.arrive_and_wait(what);
   // Headers first: a mismatch is a ValueError on every rank, whoever marked the workspace first.
   ws_.check_headers(static_cast<int64_t>(header_.call % 2));
-  ws_.fail_if_peer_gave_up(what);
+  ws_.stop_if_broken(what);
 }
 
 void Call::barrier() { ws_.barrier(op_name(static_cast<bp::Op>(header_.op))); }
 
 }  // namespace mhc_sp::shm
-
-namespace mhc_sp {
-
-std::string new_shm_segment_name() {
-  std::random_device device;  // /dev/urandom
-  std::string name = "/mhc_sp_";
-  static const char* hex = "0123456789abcdef";
-  for (int i = 0; i < 4; ++i) {  // 128 random bits
-    const uint32_t v = device();
-    for (int k = 0; k < 8; ++k) name += hex[(v >> (4 * k)) & 15];
-  }
-  return name;
-}
-
-}  // namespace mhc_sp

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// One group's shared-memory workspace on one rank: the POSIX segment of
-// mhc_sp/boundary_protocol.h mapped into this process, and the calls that run through it.
+// One group's shared-memory workspace on one rank: the protocol of mhc_sp/boundary_protocol.h
+// over a POSIX segment (transport/shm/segment.h) mapped into this process, its barriers waited for
+// by transport/shm/waiter.h, and the calls that run through it.
 
 #include <ATen/ATen.h>
 
@@ -12,38 +13,10 @@
 #include <vector>
 
 #include "mhc_sp/boundary_protocol.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/waiter.h"
 
 namespace mhc_sp::shm {
-
-namespace bp = ::mhc_sp::boundary;
-
-// A mapped segment (unmapped on destruction).
-class Segment {
- public:
-  Segment() = default;
-  Segment(uint8_t* base, int64_t bytes) : base_(base), bytes_(bytes) {}
-  Segment(Segment&& other) noexcept;
-  Segment& operator=(Segment&& other) noexcept;
-  Segment(const Segment&) = delete;
-  Segment& operator=(const Segment&) = delete;
-  ~Segment();
-
-  uint8_t* base() const { return base_; }
-  int64_t bytes() const { return bytes_; }
-  bp::SegmentHeader* header() const { return reinterpret_cast<bp::SegmentHeader*>(base_); }
-  bp::RankControl* control(int64_t rank) const {
-    return reinterpret_cast<bp::RankControl*>(base_ + bp::control_offset()) + rank;
-  }
-  int64_t half_bytes() const { return static_cast<int64_t>(header()->half_bytes); }
-  int64_t world() const { return header()->world; }
-  uint8_t* half(int64_t rank, int64_t half) const {
-    return base_ + bp::half_offset(world(), half_bytes(), rank, half);
-  }
-
- private:
-  uint8_t* base_ = nullptr;
-  int64_t bytes_ = 0;
-};
 
 class Workspace;
 
@@ -107,21 +80,32 @@ class Workspace {
 
  private:
   friend class Call;
+  // Why this rank gives up on the workspace, and what it raises.
+  struct Failure {
+    std::string reason;   // kept: every later call reports it
+    std::string message;  // raised, as a ValueError when value_error
+    int64_t culprit;      // the rank blamed in the segment for `fault`; -1: nothing is written
+    bp::Fault fault;
+    bool value_error;
+  };
+  // The one way a call fails: records the failure, marks the workspace broken (rule 6), unlinks
+  // the segment's name. fail() then raises; an abandoned call (Call's destructor) only records.
+  void give_up(const Failure& f);
+  [[noreturn]] void fail(const Failure& f);
+  // A rank has marked the workspace broken (rule 6): the failure names the rank it blamed.
+  Failure peer_gave_up(const char* what) const;
+  // fail(peer_gave_up(what)) when the workspace is marked broken.
+  void stop_if_broken(const char* what);
   // Arrives at the next epoch and waits for every peer (rule 3); `what` names the call in errors.
   // Fails, without arriving, on a workspace a peer gave up on.
   void arrive_and_wait(const char* what);
   // arrive_and_wait, then fails if a peer gave up meanwhile (rule 6).
   void barrier(const char* what);
-  void fail_if_peer_gave_up(const char* what);
+  // Rule 4 over the headers in `half`: a ValueError naming the argument the ranks disagree on.
   void check_headers(int64_t half);
   void grow(int64_t need);
   // Copies into this rank's slot in chunks, stopping when a peer gives up (rule 6).
   void write_checked(uint8_t* dst, const void* src, int64_t bytes, const char* what);
-  // Marks the workspace broken, blaming `culprit` for `why`, and throws `message`.
-  [[noreturn]] void fail(const std::string& message, int64_t culprit, bp::Fault why);
-  // A peer marked the workspace broken: throws, naming the rank it blamed.
-  [[noreturn]] void fail_after_peer(const char* what);
-  void check_usable(const char* what);
   // "rank R <why>" for the blamed word, or "" when nobody is blamed.
   std::string blame() const;
 
@@ -130,16 +114,12 @@ class Workspace {
   std::string seg_name_;  // the mapped segment's name (unlinked on failure and destruction)
   int64_t generation_ = 0;
   int64_t rank_, world_;
-  std::chrono::milliseconds timeout_;
-  std::chrono::microseconds spin_for_;  // how long a wait spins before it sleeps
-  std::mutex mutex_;                    // one call at a time per process
+  Waiter waiter_;
+  std::mutex mutex_;  // one call at a time per process
   Segment seg_;
   uint64_t epoch_ = 0;  // barriers passed in seg_
   uint64_t calls_ = 0;
   std::string broken_;  // why this workspace is unusable ("" while it is usable)
 };
-
-// Name of the op behind a protocol Op, for errors.
-const char* op_name(bp::Op op);
 
 }  // namespace mhc_sp::shm

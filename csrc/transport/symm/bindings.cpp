@@ -9,12 +9,14 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "transport/symm/layout.h"
+#include "transport/symm/transport.h"
 
 #if defined(MHC_SP_WITH_CUDA)
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "transport/nccl/transport.h"
 #include "transport/symm/communicator.h"
 #endif
 
@@ -115,7 +117,7 @@ void bind(py::module_& m) {
         if (unique_id) {
           const std::string id = *unique_id;
           py::gil_scoped_release no_gil;  // blocks until every rank joins
-          fallback = make_nccl_communicator(name, id, device);
+          fallback = nccl::make_communicator(name, id, device);
         }
         attach_communicator(
             name, c10::DeviceType::CUDA, device,

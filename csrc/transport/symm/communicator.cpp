@@ -8,7 +8,8 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "transport/symm/launch.h"
+#include "mhc_sp/composed_boundary.h"
+#include "transport/symm/kernels.h"
 
 namespace mhc_sp::symm {
 namespace {

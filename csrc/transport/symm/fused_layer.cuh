@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// fused_layer's production kernels and launcher for one hc_mult (transport/symm/launch.cu
-// dispatches to them): this process's rank only, gridDim.y = 1. Explicitly instantiated in
-// fused_layer_hc*.cu, two hc_mults per translation unit, so that a parallel build compiles them at
-// once; launch.cu only declares them.
+// fused_layer's production kernels and launcher for one hc_mult
+// (transport/symm/collective_launch.cu dispatches to them): this process's rank only, gridDim.y
+// = 1. Explicitly instantiated in fused_layer_hc*.cu, two hc_mults per translation unit, so that a
+// parallel build compiles them at once; collective_launch.cu only declares them.
 
-#include "transport/symm/launch.cuh"
+#include "transport/symm/kernel_params.cuh"
 
 namespace mhc_sp::cuda {
 
@@ -34,10 +34,10 @@ __global__ void __launch_bounds__(kFinishThreads)
 
 namespace mhc_sp::symm {
 
-// fused_layer on this rank for hc_mult N (launch.h: launch_fused_layer). Replicated: the one-kernel
-// boundary through the Lamport mailbox; sharded: the projection over the exchange, then the finish
-// as its programmatic dependent, both grids and the split in the call header (checked by every
-// peer).
+// fused_layer on this rank for hc_mult N (kernels.h: launch_fused_layer). Replicated: the
+// one-kernel boundary through the Lamport mailbox; sharded: the projection over the exchange, then
+// the finish as its programmatic dependent, both grids and the split in the call header (checked by
+// every peer).
 template <int N>
 void launch_fused_layer_n(const RankView& rank, const LayerArgs& a, const LayerOutputs& out,
                           cudaStream_t stream) {

@@ -3,7 +3,8 @@
 // The plain collectives of the symm transport: all_reduce through the Lamport mailbox (decode
 // sizes), and reduce_scatter, all_reduce and all_gather over the barrier exchange. As in
 // layer_kernels.cuh, each body is a __device__ function of one rank's parameters, run by the
-// production kernels (transport/symm/launch.cu) and by the testing module's multi-rank wrappers.
+// production kernels (transport/symm/collective_launch.cu) and by the testing module's multi-rank
+// wrappers.
 
 #include <cuda_runtime.h>
 

@@ -3,9 +3,9 @@
 // fused_layer on the symm transport: the replicated (decode) boundary in one kernel over the
 // Lamport mailbox, and the sharded boundary in two kernels over the barrier exchange. Each kernel's
 // body is a __device__ function of one rank's parameters (a __grid_constant__ struct: no per-thread
-// copy); the production kernels (transport/symm/launch.cu) run it for this process's rank, and the
-// testing module (csrc/testing/) wraps the same bodies to run several simulated ranks in one
-// launch.
+// copy); the production kernels (transport/symm/collective_launch.cu) run it for this process's
+// rank, and the testing module (csrc/testing/) wraps the same bodies to run several simulated ranks
+// in one launch.
 //
 // Index arithmetic. Copy loops walk rows and 16-byte vectors by addition (RowWalk), and loops that
 // stride by the grid stay rolled (#pragma unroll 1): unrolling one needs its trip count, a 64-bit

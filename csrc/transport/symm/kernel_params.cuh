@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What a launch of the symm kernels needs on the host, shared by the production launchers
-// (transport/symm/launch.cu: one rank) and the testing module (csrc/testing/: several simulated
-// ranks in one cooperative launch): one rank's kernel parameters built from a checked call, the
-// pre's split-K workspace, the resident grid and the launch itself. Included only from .cu files.
+// (transport/symm/collective_launch.cu: one rank) and the testing module (csrc/testing/: several
+// simulated ranks in one cooperative launch): one rank's kernel parameters built from a checked
+// call, the pre's split-K workspace, the resident grid and the launch itself. Included only from
+// .cu files.
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "mhc_sp/cuda/launch.cuh"
+#include "mhc_sp/cuda/math_launch.cuh"
 #include "mhc_sp/params.h"
 #include "transport/symm/device/collective_kernels.cuh"
 #include "transport/symm/device/layer_kernels.cuh"
-#include "transport/symm/launch.h"
+#include "transport/symm/kernels.h"
 
 namespace mhc_sp::cuda {
 

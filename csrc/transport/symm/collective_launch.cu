@@ -6,7 +6,7 @@
 // allocation is the pre's split-K workspace, from the caching allocator; no host synchronisation,
 // so the calls are CUDA-graph capturable.
 
-#include "transport/symm/launch.cuh"
+#include "transport/symm/kernel_params.cuh"
 
 namespace mhc_sp::cuda {
 

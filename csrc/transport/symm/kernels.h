@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Host entry points of the symm kernels (transport/symm/launch.cu), callable from plain C++: each
-// launches one rank's kernels (this process's) on `stream`, without synchronising with the host, so
-// the calls are CUDA-graph capturable. The communicator checks that a call fits the workspace
-// (layout.h: reduction_path, exchange_path, collective_path) before it launches.
+// Host entry points of the symm kernels (transport/symm/collective_launch.cu), callable from plain
+// C++: each launches one rank's kernels (this process's) on `stream`, without synchronising with
+// the host, so the calls are CUDA-graph capturable. The communicator checks that a call fits the
+// workspace (layout.h: reduction_path, exchange_path, collective_path) before it launches.
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
