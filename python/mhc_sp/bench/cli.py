@@ -18,11 +18,13 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import time
 from types import ModuleType
 from typing import Optional, Sequence
 
+from ..launch import Stopped, stop_on_signals
 from . import allocator, flags
 from .report import PROG
 
@@ -117,7 +119,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     code (usage errors exit with 2 on their own)."""
     environment = dict(os.environ)
     try:
+        with stop_on_signals():
+            return _run(argv)
+    except (KeyboardInterrupt, Stopped) as e:
+        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # after a progress line redrawn in place
+        print(
+            f"{fresh_line}{PROG}: stopped by {name}; every rank it started has exited",
+            file=sys.stderr,
+        )
+        return 128 + (signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum)
+    finally:
+        if argv is not None:  # called from Python: leave the environment as it was
+            os.environ.clear()
+            os.environ.update(environment)
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
+    """:func:`main` without its handling of stop signals and of the environment."""
+    try:
         args = prepare(argv)
+        if getattr(args, "device_note", None):
+            print(args.device_note, file=sys.stderr, flush=True)
         measures = getattr(args, "measures", None)
         if measures:
             line = allocator.apply(measures == "here", from_command_line=argv is None)
@@ -129,18 +152,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if code == 0:
             report_profile(args, started)
         return code
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted", file=sys.stderr)
-        return 130
     except (MemoryError, RuntimeError) as e:
         if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
             raise
         print(f"{PROG}: out of memory: measure fewer or smaller cases", file=sys.stderr)
         return 1
-    finally:
-        if argv is not None:  # called from Python: leave the environment as it was
-            os.environ.clear()
-            os.environ.update(environment)
 
 
 def prepare_profiler(args) -> None:

@@ -71,8 +71,8 @@ def _worker(rank: int, world: int, how: Sampling, sizes: list[int], dtype_name: 
     import mhc_sp.distributed as msd
     from mhc_sp import ops
 
-    device = how.rank_device(rank, world)
     group = msd.init(device=how.device_type, transport=transport)
+    device = how.rank_device(rank, world)  # after the transport: see Sampling.rank_device
     dtype = DTYPES[dtype_name]
     cases = {}
     for size in sizes:

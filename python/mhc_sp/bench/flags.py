@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from ..config.engine_args import non_negative_int, positive_int
 from ..profiling import PROFILERS  # the kinds of ``mhc_sp.profiling.profiled``
+from .report import command_line
 
 #: One meaning and one default for every subcommand: untimed calls first, then timed samples.
 WARMUP = 2
@@ -25,6 +26,36 @@ REPEATS = 24
 HC_MULT_RANGE = (1, 8)
 #: Default file of ``--profile torch`` (a Chrome trace) and ``--profile nvtx-record`` (JSON).
 TRACE = "mhc_sp_trace.json"
+#: The largest value of every numeric flag (of a list flag: of each value), far beyond any
+#: sensible run, so that a mistyped digit is refused at once instead of running for hours,
+#: exhausting memory or overflowing. Checked after parsing (:func:`check_bounds`) for every
+#: subcommand that has the flag, the engine's flags included.
+UPPER = {
+    "--warmup": 10_000,
+    "--repeats": 10_000,
+    "--tokens": 1 << 20,
+    "--requests": 1 << 20,
+    "--hidden-size": 1 << 16,
+    "--tensor-parallel-size": 64,
+    "--pipeline-parallel-size": 64,
+    "--threads": 1024,
+    "--max-cudagraph-capture-size": 1 << 20,
+    "--graph-max-tokens": 1 << 20,
+    "--num-speculative-tokens": 64,
+    "--num-layers": 1024,
+    "--num-heads": 1 << 12,
+    "--num-experts": 1 << 12,
+    "--num-experts-per-tok": 1 << 12,
+    "--moe-intermediate-size": 1 << 17,
+    "--vocab-size": 1 << 21,
+    "--seed": 2**63 - 1,
+    "--timeout": 86_400,
+    "--budget-s": 86_400,
+    "--link-latency-us": 1_000_000,
+    "--link-gbps": 1_000_000,
+    "--hbm-gbps": 1_000_000,
+    "--launch-us": 1_000_000,
+}
 
 __all__ = ["PROFILERS", "non_negative_int", "positive_int"]  # re-exported: defined once elsewhere
 
@@ -85,8 +116,9 @@ def int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
 
 
 def int_list(minimum: int = 1) -> Callable[[str], list[int]]:
-    """argparse type: ``"1,16,256"`` -> ``[1, 16, 256]``, each >= ``minimum``, duplicates
-    dropped, in the order given."""
+    """argparse type: ``"1,16,256"`` -> ``[1, 16, 256]``, each >= ``minimum``, in the order
+    given; a value given twice is refused (it would be measured twice, or its second mention
+    silently ignored)."""
 
     def parse(text: str) -> list[int]:
         try:
@@ -97,7 +129,13 @@ def int_list(minimum: int = 1) -> Callable[[str], list[int]]:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated integers >= {minimum}, got {text!r}"
             )
-        return list(dict.fromkeys(values))
+        twice = [v for v in dict.fromkeys(values) if values.count(v) > 1]
+        if twice:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(str, twice))} given more than once in {text!r}: give each "
+                f"value once"
+            )
+        return values
 
     parse.__name__ = f"list of integers >= {minimum}"
     return parse
@@ -286,16 +324,39 @@ def usage_error(prog: str, message: str):
     raise SystemExit(2)
 
 
-def resolve_device(args, prog: str) -> None:
-    """Fill in ``--device`` and refuse ``cuda`` on a machine without a GPU."""
-    if not hasattr(args, "device"):
-        return
+def gpu_count() -> int:
+    """The CUDA devices this process can use (0 without CUDA): the one probe every device choice
+    and check reads."""
     import torch
 
-    present = torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def ranks_of(args) -> int:
+    """How many ranks a command starts, one GPU each on CUDA: -tp (its largest value where it
+    sweeps) times -pp; 1 for a command without them."""
+    tp = getattr(args, "tensor_parallel_size", 1)
+    return (max(tp) if isinstance(tp, list) else tp) * getattr(args, "pipeline_parallel_size", 1)
+
+
+def resolve_device(args, prog: str) -> None:
+    """Fill in ``--device`` with what this machine can run: GPU ranks where it has a GPU for
+    every rank, else CPU ranks (shared memory between them); ``args.device_note`` then says in
+    one line why and what to run on a GPU node (printed once every check has passed). ``cuda``
+    given on a machine without a GPU is refused."""
+    if not hasattr(args, "device"):
+        return
+    gpus, ranks = gpu_count(), ranks_of(args)
     if args.device is None:
-        args.device = "cuda" if present else "cpu"
-    if args.device == "cuda" and not present:
+        args.device = "cuda" if gpus and gpus >= ranks else "cpu"
+        if args.device == "cpu" and ranks > 1:
+            have = f"has {gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "has no GPU"
+            gpu_run = command_line([*getattr(args, "argv", [args.command]), "--device", "cuda"])
+            args.device_note = (
+                f"{prog}: {ranks} ranks on CPU cores (shared memory), since this machine {have} "
+                f"and GPU ranks need one GPU each; on a node with {ranks} GPUs run: {gpu_run}"
+            )
+    if args.device == "cuda" and not gpus:
         usage_error(prog, "--device cuda: this machine has no usable CUDA device")
 
 
@@ -346,9 +407,19 @@ def plot_problem(path: str) -> Optional[str]:
     return None
 
 
+def check_bounds(args, prog: str) -> None:
+    """Refuse a value above its flag's :data:`UPPER` bound (one line naming the flag)."""
+    for flag, most in UPPER.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > most:
+                usage_error(prog, f"{flag} {v}: at most {most} (a mistyped value?)")
+
+
 def check_common(args, prog: str) -> None:
-    """The checks every subcommand gets before it measures: the device, the profiler, and that
-    every output file can be written."""
+    """The checks every subcommand gets before it measures: each flag's upper bound, the
+    device, the profiler, and that every output file can be written."""
+    check_bounds(args, prog)
     resolve_device(args, prog)
     problem = profiler_problem(getattr(args, "profile", None), getattr(args, "device", "cpu"))
     if problem:

@@ -75,12 +75,12 @@ def _worker(
 
     import mhc_sp.distributed as msd
 
-    device = how.rank_device(rank, world)
     groups = {}
     for k, requested in enumerate(transports):  # WORLD for the first, a group of all ranks after
         pg = None if k == 0 else dist.new_group(list(range(world)))
         name = msd.init(pg, device=how.device_type, transport=requested)
         groups[msd.transport(name, how.device_type)] = name
+    device = how.rank_device(rank, world)  # after the transports: see Sampling.rank_device
     cases = {
         T: {
             f"{t}:{path}": fn

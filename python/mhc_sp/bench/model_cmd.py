@@ -74,22 +74,16 @@ def check(args: argparse.Namespace) -> None:
     except (ValueError, TypeError, NotImplementedError) as e:
         flags.usage_error(PREFIX, str(e))
     world = args.engine.parallel.world_size
-    if args.device == "cuda" and not _under_torchrun() and torch_cuda_count() < world:
+    if args.device == "cuda" and not _under_torchrun() and flags.gpu_count() < world:
         flags.usage_error(
             PREFIX,
             f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
-            f"ranks need {world} GPUs, found {torch_cuda_count()}",
+            f"ranks need {world} GPUs, found {flags.gpu_count()}",
         )
     # One rank runs in this process (alone, or as a torchrun rank); more are spawned.
     args.measures = "here" if world == 1 or _under_torchrun() else "ranks"
     if args.measures == "ranks":
         flags.warn_oversubscribed(PREFIX, world, flags.threads_per_rank(world, None))
-
-
-def torch_cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def build_engine(args: argparse.Namespace, world_size: Optional[int] = None) -> EngineConfig:

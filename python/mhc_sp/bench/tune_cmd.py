@@ -75,11 +75,11 @@ def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
     """Enough GPUs for the ranks, and transports that serve the device."""
     from ..distributed import TRANSPORTS
 
-    if device == "cuda" and ranks > torch.cuda.device_count():
+    if device == "cuda" and ranks > flags.gpu_count():
         flags.usage_error(
             prog,
-            f"--tensor-parallel-size {ranks} needs that many GPUs, found "
-            f"{torch.cuda.device_count()}",
+            f"--tensor-parallel-size {ranks} needs that many GPUs, found {flags.gpu_count()} "
+            f"(without --device, CPU ranks run instead)",
         )
     for t in [transports] if isinstance(transports, str) else transports:
         if t not in TRANSPORTS[device]:
@@ -94,25 +94,45 @@ def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
 
 
 def _measure(
-    rank: int, world: int, how: Sampling, tokens: list[int], H: int, n: int, transport: str
+    rank: int,
+    world: int,
+    how: Sampling,
+    tokens: list[int],
+    H: int,
+    n: int,
+    transport: str,
+    max_capture: int,
 ) -> dict:
-    """This rank's samples of both ways at every count (:func:`sample_across_ranks`)."""
+    """This rank's samples of both ways at every count (:func:`sample_across_ranks`): the sweep,
+    then the counts :func:`decide.refine_between` names between the band and the threshold."""
+    import torch.distributed as dist
+
     import mhc_sp.distributed as msd
 
-    device = how.rank_device(rank, world)
     group = msd.init(device=how.device_type, transport=transport)
-    cases = {}
-    for T in tokens:
-        paths = boundary_case(T, H, n, rank, world, group, device)
-        cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
-    samples = how.sample(
-        rank,
-        cases,
-        "tune",
-        lambda T, way: f"tune T={T}",
-        unsettled=unsettled,
-        max_repeats=EXTEND * how.repeats,
-    )
+    device = how.rank_device(rank, world)  # after the transport: see Sampling.rank_device
+
+    def measure(counts: list[int], name: str) -> dict:
+        cases = {}
+        for T in counts:
+            paths = boundary_case(T, H, n, rank, world, group, device)
+            cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
+        return how.sample(
+            rank,
+            cases,
+            name,
+            lambda T, way: f"tune T={T}",
+            unsettled=unsettled,
+            max_repeats=EXTEND * how.repeats,
+        )
+
+    samples = measure(tokens, "tune")
+    everyone = [None] * world
+    dist.all_gather_object(everyone, samples)  # every rank decides alike on the same samples
+    rows = rows_from_samples([{"samples": s} for s in everyone], tokens)
+    finer = decide.refine_between(rows, max_capture)
+    if finer:
+        samples |= measure(finer, f"tune: {decide.tokens_text(finer)} (near the crossover)")
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
@@ -129,9 +149,9 @@ def slowest(per_rank_case: list[dict]) -> dict:
 
 
 def unsettled(per_rank_case: list[dict]) -> bool:
-    """Whether one count's speedup interval still includes 1.0 (it gets more rounds)."""
+    """Whether one count is not settled by :func:`decide.classify` (it gets more rounds)."""
     _, lo, hi = speedup(slowest(per_rank_case))
-    return lo <= 1.0 <= hi
+    return decide.classify({"speedup_lo_x": lo, "speedup_hi_x": hi}) == decide.UNSETTLED
 
 
 def rows_from_samples(per_rank: list[dict], tokens: list[int]) -> list[dict]:
@@ -171,10 +191,11 @@ def run(args) -> int:
         H,
         args.hc_mult,
         args.transport,
+        args.max_cudagraph_capture_size,
     )
     if per_rank is None:
         return 1
-    rows = rows_from_samples(per_rank, args.tokens)
+    rows = rows_from_samples(per_rank, sorted(per_rank[0]["samples"]))
     capture = args.max_cudagraph_capture_size
     threshold = decide.recommend(rows, capture)
     doc = report.document(
@@ -192,7 +213,9 @@ def run(args) -> int:
             "interval": f"{decide.CONFIDENCE:.0%} confidence interval of the median paired ratio",
             "max_cudagraph_capture_size": capture,
             "recommended_sp_threshold": threshold,
-            "verdict": decide.verdict(rows, threshold, tp, capture, args.repeats),
+            "margin": decide.MARGIN,
+            "band_tokens": [r["tokens"] for r in decide.band(rows, threshold, capture)],
+            "verdict": decide.verdict(rows, threshold, tp, capture),
         },
         argv=args.argv,
     )
@@ -228,7 +251,6 @@ def present(doc: dict) -> tuple:
         doc["recommended_sp_threshold"],
         doc["tensor_parallel_size"],
         doc["max_cudagraph_capture_size"],
-        doc["repeats"],
     )
     verdict = [part for line in said for part in wrap(line)]
     return intro, columns, verdict, plot
