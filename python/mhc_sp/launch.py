@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 #: Seconds a collective may wait for a missing peer before gloo raises.
 COLLECTIVE_TIMEOUT_S = 15
 #: Seconds a rank told to stop has to close its transports and exit before it is ended.
-STOP_GRACE_S = 1.0
+STOP_GRACE_S = 0.5
 #: Exit status of a rank that stopped when told to (128 + SIGTERM, as a shell reports it).
 STOPPED_EXIT = 128 + signal.SIGTERM
 #: ``prctl`` option: the signal this process receives when its parent dies (linux/prctl.h).
