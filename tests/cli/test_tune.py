@@ -79,6 +79,7 @@ def test_verdict_lines():
         "(the band's lower end) engages SP where a boundary may take up to 11% longer: "
         "1.05x [0.90-1.20] at 16.",
         "SP is slower at 4 tokens.",
+        "SP is faster at 1 token too, but not by the margin at every larger count.",
         "recommended: --sp-threshold 64",
     ]
     # The threshold at the largest count is named once.

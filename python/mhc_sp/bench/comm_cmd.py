@@ -84,7 +84,8 @@ def _worker(rank: int, world: int, how: Sampling, sizes: list[int], dtype_name: 
             "all_gather": lambda shard=shard: ops.all_gather(shard, group),
             "all_reduce": lambda full=full: ops.all_reduce(full, group),
         }
-    samples = how.sample(rank, cases, f"comm -tp {world}", lambda size, op: f"{op} {size}B")
+    with how.profiled(rank):
+        samples = how.sample(rank, cases, f"comm -tp {world}", lambda size, op: f"{op} {size}B")
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 

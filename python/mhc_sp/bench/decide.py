@@ -16,10 +16,11 @@ acted on smaller differences would act on noise. Each count is therefore one of:
   it; ``tune`` gives such counts more rounds first).
 
 The recommended threshold is the smallest measured count above the CUDA graph capture size from
-which SP is faster at that count and at every larger one. The counts below it down to the last
-one where SP is slower form the *band* where SP and no SP are equivalent within the measurement's
-resolution; the recommendation is the band's upper end, and the verdict states what choosing its
-lower end instead would cost (the interval's worst case there). Noise that keeps a band count's
+which SP is faster at that count and at every larger one. The counts below it, above the last
+one where SP is slower, at which SP is equivalent or not settled form the *band* where SP and no
+SP are not told apart within the measurement's resolution; the recommendation is the count above
+the band, and the verdict states what choosing the band's lower end instead would cost (the
+worst case of the intervals there). Noise that keeps a band count's
 interval within the band (below 1 + MARGIN) can never move the answer: only a count shown faster
 by more than the margin, at it and every larger count, can be the threshold."""
 
@@ -61,13 +62,14 @@ def recommend(rows: Sequence[dict], max_capture: int = 0) -> Optional[int]:
 
 
 def band(rows: Sequence[dict], threshold: Optional[int], max_capture: int = 0) -> list[dict]:
-    """The rows below ``threshold`` (above ``max_capture``) and above the largest count where SP
-    is slower: where SP and no SP are not told apart. With no threshold, the rows above the
-    largest count where SP is slower."""
+    """The rows below ``threshold`` (all rows when None), above ``max_capture`` and above the
+    largest count where SP is slower, at which SP and no SP are not told apart (equivalent or
+    not settled)."""
     rows = sorted((r for r in rows if r["tokens"] > max_capture), key=lambda r: r["tokens"])
     below = [r for r in rows if threshold is None or r["tokens"] < threshold]
     slower = [k for k, r in enumerate(below) if classify(r) == SLOWER]
-    return below[slower[-1] + 1 :] if slower else below
+    above_slower = below[slower[-1] + 1 :] if slower else below
+    return [r for r in above_slower if classify(r) in (EQUIVALENT, UNSETTLED)]
 
 
 def refine_between(rows: Sequence[dict], max_capture: int = 0) -> list[int]:
@@ -122,6 +124,10 @@ def lower_end_cost(in_band: Sequence[dict]) -> str:
     )
 
 
+#: A verdict's words for counts below the threshold where SP is faster all the same.
+NOT_FROM_THERE = "SP is faster at {} too, but not by the margin at every larger count."
+
+
 def verdict(rows: Sequence[dict], threshold: Optional[int], tp: int, max_capture: int) -> list[str]:
     """The conclusion in words, generated from the rows and the threshold :func:`recommend`
     chose; its last line is ``recommended: ...``."""
@@ -162,13 +168,14 @@ def verdict(rows: Sequence[dict], threshold: Optional[int], tp: int, max_capture
                 f"{margin}, or intervals reaching across it); the recommendation is the count "
                 f"above the band. " + lower_end_cost(in_band)
             )
-        slower = [
-            r["tokens"]
-            for r in rows
-            if max_capture < r["tokens"] < threshold and classify(r) == SLOWER
-        ]
-        if slower:
-            lines.append(f"SP is slower at {tokens_text(slower)}.")
+        for kind, words in ((SLOWER, "SP is slower at {}."), (FASTER, NOT_FROM_THERE)):
+            counts = [
+                r["tokens"]
+                for r in rows
+                if max_capture < r["tokens"] < threshold and classify(r) == kind
+            ]
+            if counts:
+                lines.append(words.format(tokens_text(counts)))
     if graphs:
         lines.append(
             f"Counts up to {max_capture} run as CUDA graphs (--max-cudagraph-capture-size), "

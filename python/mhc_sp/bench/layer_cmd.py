@@ -89,7 +89,8 @@ def _worker(
         }
         for T in tokens
     }
-    samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
+    with how.profiled(rank):
+        samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
     return {"transports": list(groups), "samples": samples}
 
 

@@ -308,16 +308,21 @@ class Sampling:
             pin_rank(rank, world, torch.get_num_threads())
         return rank_device(self.device_type)
 
-    def sample(self, rank: int, cases: dict, name: str, label, **extend) -> dict:
+    def sample(self, rank: int, cases: dict, name: str, label, repeats: int = 0, **extend) -> dict:
         """:func:`sample_across_ranks` of ``cases`` with its phase ``label``, rank 0 showing
-        progress (as ``name``) and feeding the profiler; ``extend``: its ``unsettled`` and
-        ``max_repeats``."""
-        show = Progress(f"{name}: rounds", self.repeats) if rank == 0 else None
-        with profiled(self.profile if rank == 0 else None, self.trace):
-            device = rank_device(self.device_type)
-            return sample_across_ranks(
-                cases, device, self.warmup, self.repeats, progress=show, label=label, **extend
-            )
+        progress (as ``name``); ``repeats``: rounds (0: --repeats); ``extend``: its
+        ``unsettled`` and ``max_repeats``. Called inside :meth:`profiled`."""
+        repeats = repeats or self.repeats
+        show = Progress(f"{name}: rounds", repeats) if rank == 0 else None
+        device = rank_device(self.device_type)
+        return sample_across_ranks(
+            cases, device, self.warmup, repeats, progress=show, label=label, **extend
+        )
+
+    def profiled(self, rank: int):
+        """The region a rank measures in: rank 0 feeds the profiler of --profile (which writes
+        its trace on leaving, so no collective may follow inside)."""
+        return profiled(self.profile if rank == 0 else None, self.trace)
 
 
 def run_ranks(prog: str, world: int, fn, how: Sampling, *args):

@@ -112,7 +112,7 @@ def _measure(
     group = msd.init(device=how.device_type, transport=transport)
     device = how.rank_device(rank, world)  # after the transport: see Sampling.rank_device
 
-    def measure(counts: list[int], name: str) -> dict:
+    def measure(counts: list[int], name: str, repeats: int) -> dict:
         cases = {}
         for T in counts:
             paths = boundary_case(T, H, n, rank, world, group, device)
@@ -122,17 +122,20 @@ def _measure(
             cases,
             name,
             lambda T, way: f"tune T={T}",
+            repeats=repeats,
             unsettled=unsettled,
             max_repeats=EXTEND * how.repeats,
         )
 
-    samples = measure(tokens, "tune")
-    everyone = [None] * world
-    dist.all_gather_object(everyone, samples)  # every rank decides alike on the same samples
-    rows = rows_from_samples([{"samples": s} for s in everyone], tokens)
-    finer = decide.refine_between(rows, max_capture)
-    if finer:
-        samples |= measure(finer, f"tune: {decide.tokens_text(finer)} (near the crossover)")
+    with how.profiled(rank):
+        samples = measure(tokens, "tune", how.repeats)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, samples)  # every rank decides alike on the same samples
+        rows = rows_from_samples([{"samples": s} for s in everyone], tokens)
+        finer = decide.refine_between(rows, max_capture)
+        if finer:  # the most rounds at once: these counts sit where the decision is made
+            near = f"tune: {decide.tokens_text(finer)} (near the crossover)"
+            samples |= measure(finer, near, EXTEND * how.repeats)
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
