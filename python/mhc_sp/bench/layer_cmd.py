@@ -12,8 +12,8 @@ are the slowest rank's, as median [p10-p90]; speedup is replicated / fused shard
 paired ratios, 95% CI), x_separate is separate / fused sharded, x_<transport> compares a
 transport's fused sharded time with the last one's, over_math_x is fused sharded / math_alone (how
 close the boundary comes to its floor). Sharded beats replicated from the smallest
-count where the speedup's interval lies above 1.0 at that count and every larger one (the rule
-of mhc-sp-bench tune)."""
+count where the speedup's interval lies above 1.05 at that count and every larger one (the rule
+of mhc-sp-bench tune, without its finer measurement near the crossover)."""
 
 from __future__ import annotations
 

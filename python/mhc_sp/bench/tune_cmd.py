@@ -10,13 +10,18 @@ sweep, on -tp ranks (shared memory or gloo on CPU, symm or NCCL on GPUs), both w
   without SP (replicated):  all-reduce the partial, mHC post + pre on all T tokens on every rank.
 
 Every round takes one sample of both ways at every count, the two ways back to back in
-alternating order, so that a shared machine's drift hits all of them alike; a sample is as slow
-as its slowest rank. Times are medians with their p10-p90 spread; the speedup is the median of
-the paired ratios (without / with) with its 95% confidence interval. SP counts as faster at a
-count only when that whole interval lies above 1.0, and the recommended threshold is the
-smallest count from which SP is faster at that count and at every larger one, above
---max-cudagraph-capture-size (SP never engages on a captured size). Where no count qualifies,
-the verdict says so and what would settle it.
+alternating order, so that a shared machine's drift hits all of them alike; a sample is a burst
+of back-to-back calls (milliseconds, however short one call is), as slow as its slowest rank.
+Times are medians with their p10-p90 spread; the speedup is the median of the paired ratios
+(without / with SP) with its 95% confidence interval. Differences under 5% are within the
+measurement's resolution: SP counts as faster at a count only when that whole interval lies above
+1.05, slower when below 0.95, equivalent when within 0.95-1.05, and not settled otherwise (such
+counts get more rounds). The recommended threshold is the smallest count from which SP is faster
+at that count and at every larger one, above --max-cudagraph-capture-size (SP never engages on a
+captured size); the counts below it where the two are not told apart form the band, and the
+verdict says what choosing the band's lower end would cost. Before deciding, the counts between
+the threshold and the next smaller measured count (powers of two) are measured too, with four
+times the rounds. Where no count qualifies, the verdict says so.
 
 mhc-sp-bench project --calibrate FILE fits the analytical cost model to the --json file of a
 tune run, to estimate other sizes."""
