@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -29,9 +29,6 @@ class Timing:
     p90: float
     repeats: int
     graph: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _summarise(samples: list[float]) -> Timing:
@@ -120,11 +117,11 @@ def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
 #: Untimed calls of each way before its first sample: --warmup calls and then at least this
 #: long, the same count on every rank (the first calls fault in pages, fill the caches and the
 #: allocator's free lists; samples taken before that spread wide).
-WARMUP_S = 0.05
+WARMUP_S = 0.02
 #: A sample is a burst of back-to-back calls about ``burst_s`` long, of at most this many calls:
 #: a call of tens of us is timed over milliseconds, so that the ranks' skew leaving the barrier,
 #: a wake-up or a timer tick is shared out over many calls.
-BURST_CALLS = 512
+BURST_CALLS = 128
 
 
 def sample_across_ranks(
@@ -188,7 +185,7 @@ def sample_across_ranks(
     for case, t in zip(cases, fastest.tolist()):  # the rest of the warm-up, by time
         for way, fn in cases[case].items():
             with named(case, way):
-                for _ in range(min(10 * BURST_CALLS, math.ceil(WARMUP_S / max(t, 1e-9)))):
+                for _ in range(min(2 * BURST_CALLS, math.ceil(WARMUP_S / max(t, 1e-9)))):
                     fn()
     samples = {case: {way: [] for way in ways} for case, ways in cases.items()}
 
