@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mhc_sp.bench import allocator, cli, flags
+from mhc_sp.bench import allocator, checks, cli, flags, machine
 
 #: Spellings that other tools (or this one, earlier) used for flags that now have one name.
 RETIRED = {"--tp", "--hidden", "--iters", "--world-size", "--hidden-dim", "--num-tokens"}
@@ -245,7 +245,7 @@ def test_every_numeric_flag_has_an_upper_bound(capsys, no_work):
 def test_the_device_is_what_this_machine_can_run(monkeypatch, capsys):
     """Without --device: GPU ranks with a GPU for every rank, else CPU ranks and one line saying
     why and what to run on a GPU node; --device cuda with too few GPUs is a usage error."""
-    monkeypatch.setattr(flags, "gpu_count", lambda: 1)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
     args = cli.prepare([])
     assert args.device == "cpu"
     assert args.device_note == (
@@ -262,12 +262,12 @@ def test_the_device_is_what_this_machine_can_run(monkeypatch, capsys):
     assert line.startswith(
         "mhc-sp-bench tune: error: --tensor-parallel-size 2 needs that many GPUs"
     )
-    monkeypatch.setattr(flags, "gpu_count", lambda: 2)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 2)
     args = cli.prepare([])
     assert args.device == "cuda" and not getattr(args, "device_note", None)
     assert cli.prepare(["layer", "-tp", "2,4"]).device == "cpu"
     assert cli.prepare(["model", "-tp", "2", "--device", "cuda"]).device == "cuda"
-    monkeypatch.setattr(flags, "gpu_count", lambda: 0)
+    monkeypatch.setattr(machine, "gpu_count", lambda: 0)
     args = cli.prepare([])
     assert args.device == "cpu" and "since this machine has no GPU" in args.device_note
 
@@ -313,30 +313,30 @@ def test_show_refuses_a_file_without_results(tmp_path, capsys):
 
 
 def test_nsys_is_refused_without_a_gpu_or_nsys(monkeypatch):
-    assert "needs --device cuda" in flags.profiler_problem("nsys", "cpu")
+    assert "needs --device cuda" in checks.profiler_problem("nsys", "cpu")
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert "nsys is not installed" in flags.profiler_problem("nsys", "cuda")
+    assert "nsys is not installed" in checks.profiler_problem("nsys", "cuda")
     monkeypatch.setenv("NSYS_TARGET_STD_REDIRECT_ACTIVE", "1")  # set by nsys profile
-    assert flags.profiler_problem("nsys", "cuda") is None
-    assert flags.profiler_problem("torch", "cpu") is None
+    assert checks.profiler_problem("nsys", "cuda") is None
+    assert checks.profiler_problem("torch", "cpu") is None
 
 
 def test_oversubscription_and_a_busy_machine_warn_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(flags, "available_cores", lambda: 2)
-    monkeypatch.setattr(flags.os, "getloadavg", lambda: (6.5, 1.0, 1.0))
-    flags.warn_busy("mhc-sp-bench ops")
+    monkeypatch.setattr(machine, "available_cores", lambda: 2)
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (6.5, 1.0, 1.0))
+    machine.warn_busy("mhc-sp-bench ops")
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mhc-sp-bench ops: warning: this machine is busy (load average 6.5 ")
-    monkeypatch.setattr(flags.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
-    flags.warn_busy("mhc-sp-bench ops")
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    machine.warn_busy("mhc-sp-bench ops")
     assert capsys.readouterr().err == ""
-    flags.warn_oversubscribed("mhc-sp-bench tune", 4, 1)
+    machine.warn_oversubscribed("mhc-sp-bench tune", 4, 1)
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mhc-sp-bench tune: warning: 4 ranks x 1 thread(s) = 4 > 2 cores")
-    flags.warn_oversubscribed("mhc-sp-bench tune", 2, 1)
+    machine.warn_oversubscribed("mhc-sp-bench tune", 2, 1)
     assert capsys.readouterr().err == ""
-    assert flags.threads_per_rank(4, None) == 1 and flags.threads_per_rank(1, None) == 2
+    assert machine.threads_per_rank(4, None) == 1 and machine.threads_per_rank(1, None) == 2
 
 
 def test_allocator_is_described_and_set_for_spawned_ranks(monkeypatch):

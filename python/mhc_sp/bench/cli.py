@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Optional, Sequence
 
 from ..launch import Stopped, stop_on_signals
-from . import allocator, flags
+from . import allocator, checks, flags, machine
 from .report import PROG
 
 #: The quick tune of the bare command (flags the user gives replace these).
@@ -107,7 +107,7 @@ def prepare(argv: Optional[Sequence[str]] = None):
     profilers, output files, each subcommand's own rules. A problem exits with status 2 and
     one line on stderr."""
     args = parse_args(argv)
-    flags.check_common(args, args.prog)
+    checks.check_common(args, args.prog)
     validate = getattr(args, "validate", None)
     if validate is not None:
         validate(args)
@@ -139,13 +139,13 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     """:func:`main` without its handling of stop signals and of the environment."""
     try:
         args = prepare(argv)
-        if getattr(args, "device_note", None):
-            print(args.device_note, file=sys.stderr, flush=True)
+        if getattr(args, "device_note", None) and os.environ.get("RANK", "0") == "0":
+            print(args.device_note, file=sys.stderr, flush=True)  # once in a launched world
         measures = getattr(args, "measures", None)
         if measures:
             line = allocator.apply(measures == "here", from_command_line=argv is None)
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-            flags.warn_busy(args.prog)
+            machine.warn_busy(args.prog)
         prepare_profiler(args)
         started = time.time()
         code = int(args.func(args) or 0)
@@ -173,7 +173,7 @@ def prepare_profiler(args) -> None:
         try:
             use_nvtx_recorder()
         except ValueError as e:
-            flags.usage_error(args.prog, f"--{e}")
+            checks.usage_error(args.prog, f"--{e}")
 
 
 def report_profile(args, started: float) -> None:

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import flags, report
+from . import checks, flags, machine, report
 from .timing import Sampling, run_ranks, slowest_rank, spread
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
@@ -117,12 +117,12 @@ def check(args) -> None:
     args.threads = 1  # collectives copy; the ranks share the cores
     if args.device == "cpu":  # every size's buffers and outputs stay on every rank
         need = max(args.tensor_parallel_size) * 3 * sum(args.sizes)
-        flags.check_memory(args.prog, need, "--sizes")
+        checks.check_memory(args.prog, need, "--sizes")
 
 
 def run(args) -> int:
     device = torch.device(args.device)
-    flags.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), 1)
+    machine.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), 1)
     rows = []
     for world in args.tensor_parallel_size:
         item = torch.empty((), dtype=DTYPES[args.dtype]).element_size()

@@ -29,26 +29,14 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return " ".join(shlex.quote(a) for a in [PROG, *argv])
 
 
-def cpu_model() -> Optional[str]:
-    """The CPU's model name, as lscpu shows it (``/proc/cpuinfo``; None where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def environment(device: torch.device) -> dict:
-    from . import allocator
+    from . import allocator, machine
 
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "cpu": cpu_model(),
+        "cpu": machine.cpu_model(),
         "cpu_threads": torch.get_num_threads(),
         "device": str(device),
         "allocator": allocator.IN_USE or allocator.describe(),

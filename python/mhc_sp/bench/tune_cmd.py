@@ -35,8 +35,8 @@ import textwrap
 import torch
 
 from ..config import EngineArgs
-from . import decide, flags, report
-from .layer_cmd import boundary_case
+from . import checks, decide, flags, machine, report
+from .boundary import boundary_case, check_ranks
 from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
 #: The sweep of ``tune`` (decode sizes to long prefill chunks).
@@ -66,33 +66,16 @@ def register(subparsers) -> None:
 def check(args) -> None:
     tp = args.tensor_parallel_size
     if tp < 2:
-        flags.usage_error(args.prog, f"--tensor-parallel-size: SP needs at least 2 ranks, got {tp}")
+        checks.usage_error(
+            args.prog, f"--tensor-parallel-size: SP needs at least 2 ranks, got {tp}"
+        )
     check_ranks(args.prog, args.device, tp, args.transport)
     capture = args.max_cudagraph_capture_size
     args.tokens = sorted(set(args.tokens) | ({capture + 1} if capture else set()))
-    args.threads = flags.threads_per_rank(tp, args.threads) if args.device == "cpu" else 1
+    args.threads = machine.threads_per_rank(tp, args.threads) if args.device == "cpu" else 1
     if args.device == "cpu":  # every count's inputs stay on every rank for the whole run
-        need = tp * sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
-        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
-
-
-def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
-    """Enough GPUs for the ranks, and transports that serve the device."""
-    from ..distributed import TRANSPORTS
-
-    if device == "cuda" and ranks > flags.gpu_count():
-        flags.usage_error(
-            prog,
-            f"--tensor-parallel-size {ranks} needs that many GPUs, found {flags.gpu_count()} "
-            f"(without --device, CPU ranks run instead)",
-        )
-    for t in [transports] if isinstance(transports, str) else transports:
-        if t not in TRANSPORTS[device]:
-            flags.usage_error(
-                prog,
-                f"--transport {t}: does not serve {device} ranks; choose from "
-                f"{', '.join(TRANSPORTS[device])}",
-            )
+        need = tp * sum(checks.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        checks.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -182,7 +165,7 @@ def rows_from_samples(per_rank: list[dict], tokens: list[int]) -> list[dict]:
 
 def run(args) -> int:
     tp, H, device = args.tensor_parallel_size, args.hidden_size, torch.device(args.device)
-    flags.warn_oversubscribed(args.prog, tp, args.threads)
+    machine.warn_oversubscribed(args.prog, tp, args.threads)
     print(
         f"tune: timing one layer boundary with and without SP at {len(args.tokens)} token "
         f"counts on {tp} {device.type} ranks, {args.repeats} rounds (starting the ranks takes "
