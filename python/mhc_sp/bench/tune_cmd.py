@@ -234,7 +234,7 @@ def present(doc: dict) -> tuple:
         report.spread_col("sharded_ms", "with SP, ms"),
         report.spread_col("replicated_ms", "without SP, ms"),
         report.interval_col("speedup, x", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
-        report.col("faster"),
+        ("faster", decide.classify),  # by today's rule, also for a file recorded before it
         report.col("rounds"),
     ]
     said = decide.verdict(
