@@ -52,17 +52,22 @@ class Stopped(BaseException):
 
 class stop_on_signals:
     """While active (in the main thread), SIGTERM raises :class:`Stopped` where this thread runs,
-    as SIGINT raises KeyboardInterrupt; the previous handler is restored afterwards."""
+    and SIGINT KeyboardInterrupt even where this process started with SIGINT ignored (as a
+    shell starts background jobs, and Python then leaves it ignored): a signal to the command
+    alone must end it. The previous handlers are restored afterwards."""
 
     def __enter__(self):
-        self.previous = None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, _raise_stopped)
+            self.previous = {
+                signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_stopped),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+            }
         return self
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
         return False
 
 

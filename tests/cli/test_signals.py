@@ -134,6 +134,8 @@ def test_no_rank_outlives_the_command(command, sig, to):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, which the group variant signals
+        # Started as a shell starts a background job: SIGINT ignored. The command must still stop.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         deadline = time.monotonic() + 120
@@ -156,8 +158,8 @@ def test_no_rank_outlives_the_command(command, sig, to):
         while running(ranks) and time.monotonic() - sent < 10:
             time.sleep(0.02)
         gone_after = time.monotonic() - sent
-        code = proc.wait(timeout=30)
-        err = proc.stderr.read()
+        err = proc.communicate(timeout=30)[1]  # reading stderr meanwhile: a full pipe would block
+        code = proc.returncode
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
