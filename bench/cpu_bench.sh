@@ -12,10 +12,11 @@ R=bench/results
 mkdir -p "$R" docs/img
 # The main job: from how many tokens SP pays off here (tp 2, V4-Flash's hidden size).
 $BENCH tune -tp 2 --hidden-size 4096 --json $R/cpu_tune.json
-# The same question three times at hidden size 1024: the recommendation must hold still.
-for run in 1 2 3; do
-  $BENCH tune -tp 2 --hidden-size 1024 --json $R/cpu_tune_h1024_run$run.json
-done
+# The same question five times at hidden size 1024, and the bare command five times: the
+# recommendation must hold still (bench/results/cpu_stability.json gathers the ten).
+bash bench/tune_stability.sh tune
+bash bench/tune_stability.sh bare
+bash bench/tune_stability.sh summary
 # One SP boundary on 2 ranks of one thread each: fused vs replicated vs separate ops, over shared
 # memory and over gloo in the same run.
 $BENCH layer --device cpu -tp 2 --tokens 2,4,8,16,32,64,128,256,512,1024,2048,4096 \

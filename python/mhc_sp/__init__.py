@@ -55,14 +55,40 @@ def _build_mismatch(built: dict, torch_version: str, torch_cuda: str | None) -> 
     )
 
 
+#: The command-line tool of this package (``mhc_sp.bench``), for :func:`_refuse`.
+BENCH_COMMAND = "mhc-sp-bench"
+
+
+def _running_bench_command() -> bool:
+    """Whether this process is ``mhc-sp-bench`` (the console script, or ``python -m
+    mhc_sp.bench``): importing this package is then the command's first step, before any of
+    the command's own code can catch an ImportError."""
+    import sys
+
+    argv = getattr(sys, "orig_argv", sys.argv)
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return script == BENCH_COMMAND or any(
+        a == "-m" and b == "mhc_sp.bench" for a, b in zip(argv, argv[1:])
+    )
+
+
+def _refuse(message: str) -> None:
+    """Refuse the import: ImportError, or for ``mhc-sp-bench`` one line and exit status 2 (a
+    refusal is a problem of the environment to fix, not a fault to debug with a traceback)."""
+    if _running_bench_command():
+        import sys
+
+        print(f"{BENCH_COMMAND}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+    raise ImportError(message)
+
+
 def _check_build(built: dict) -> None:
     problem = _build_mismatch(built, torch.__version__, torch.version.cuda)
     if problem is None:
         return
     if os.environ.get(ALLOW_MISMATCH_ENV) != "1":
-        raise ImportError(
-            f"{problem}  (to import it anyway, at your own risk: {ALLOW_MISMATCH_ENV}=1)"
-        )
+        _refuse(f"{problem}  (to import it anyway, at your own risk: {ALLOW_MISMATCH_ENV}=1)")
     warnings.warn(
         f"{problem}  (imported anyway: {ALLOW_MISMATCH_ENV}=1)", RuntimeWarning, stacklevel=2
     )
@@ -72,11 +98,11 @@ try:
     from . import _C  # registers the ops; loads libtorch's symbols, so after `import torch`
 except ImportError as e:
     # An extension built against another torch typically fails here on a missing symbol.
-    raise ImportError(
+    _refuse(
         f"mhc_sp: its extension mhc_sp._C does not load into torch {torch.__version__} ({e}). "
         f"If it was built against another torch, rebuild it against this one, in mhc_sp's "
         f"source folder: {REINSTALL}"
-    ) from e
+    )
 _check_build(_C.build_info())
 
 from . import _fake  # noqa: E402, F401  (registers the fake implementations)

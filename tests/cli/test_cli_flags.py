@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mhc_sp.bench import allocator, cli, flags
+from mhc_sp.bench import allocator, checks, cli, flags, machine
 
 #: Spellings that other tools (or this one, earlier) used for flags that now have one name.
 RETIRED = {"--tp", "--hidden", "--iters", "--world-size", "--hidden-dim", "--num-tokens"}
@@ -184,6 +184,20 @@ BAD = [
     (["comm", "--sizes", "1024G"], "--sizes"),
     (["no-such-command"], "no-such-command"),
     (["--tp", "2"], "--tp"),
+    # Upper bounds: a mistyped value is refused, not run for hours.
+    (["tune", "--warmup", "99999999999999999999"], "--warmup"),
+    (["--repeats", "1000000"], "--repeats"),
+    (["layer", "--tokens", "16,2000000"], "--tokens"),
+    (["tune", "--hidden-size", "100000"], "--hidden-size"),
+    (["tune", "-tp", "1000"], "--tensor-parallel-size"),
+    (["model", "--num-layers", "100000"], "--num-layers"),
+    (["model", "--seed", str(2**64)], "--seed"),
+    (["model", "--timeout", "1e9"], "--timeout"),
+    (["ops", "--threads", "100000"], "--threads"),
+    (["project", "--hbm-gbps", "1e12"], "--hbm-gbps"),
+    # A count given twice is refused, not measured twice.
+    (["tune", "--tokens", "4,4,4"], "--tokens"),
+    (["layer", "-tp", "2,2"], "--tensor-parallel-size"),
 ]
 
 
@@ -196,6 +210,94 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(argv, flag, capsys, no
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "error: " in lines[0] and flag in lines[0], captured.err
     assert captured.out == ""
+
+
+def numeric_options():
+    """(subcommand, flag) of every option whose value is a number or a list of numbers."""
+    found = []
+    for name, p in subparsers().items():
+        for a in options(p):
+            if a.type is None or a.choices or a.nargs == 0:
+                continue
+            try:
+                value = a.type("1")
+            except (argparse.ArgumentTypeError, ValueError, TypeError):
+                continue
+            values = value if isinstance(value, list) else [value]
+            if values and all(isinstance(v, (int, float)) for v in values):
+                found.append((name, a.option_strings[0]))
+    return found
+
+
+def test_every_numeric_flag_has_an_upper_bound(capsys, no_work):
+    found = numeric_options()
+    assert ("tune", "--warmup") in found and ("model", "--num-layers") in found
+    assert len(found) > 40
+    for name, flag in found:
+        with pytest.raises(SystemExit) as e:
+            cli.main([name, flag, "9" * 25])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1, (name, flag, err)
+        spelled = {flag, *subparsers()[name]._option_string_actions[flag].option_strings}
+        assert any(s in err[0] for s in spelled), (name, flag, err)
+
+
+def test_the_device_is_what_this_machine_can_run(monkeypatch, capsys):
+    """Without --device: GPU ranks with a GPU for every rank, else CPU ranks and one line saying
+    why and what to run on a GPU node; --device cuda with too few GPUs is a usage error."""
+    monkeypatch.setattr(machine, "gpu_count", lambda: 1)
+    args = cli.prepare([])
+    assert args.device == "cpu"
+    assert args.device_note == (
+        "mhc-sp-bench tune: 2 ranks on CPU cores (shared memory), since this machine has 1 GPU "
+        "and GPU ranks need one GPU each; on a node with 2 GPUs run: mhc-sp-bench tune "
+        "--tokens 4,16,64,256,1024 --device cuda"
+    )
+    assert cli.prepare(["layer", "-tp", "2,4"]).device == "cpu"
+    assert cli.prepare(["ops"]).device == "cuda"  # one process, one GPU
+    with pytest.raises(SystemExit) as e:
+        cli.prepare(["--device", "cuda", "-tp", "2"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2
+    assert line.startswith(
+        "mhc-sp-bench tune: error: --tensor-parallel-size 2 needs that many GPUs"
+    )
+    monkeypatch.setattr(machine, "gpu_count", lambda: 2)
+    args = cli.prepare([])
+    assert args.device == "cuda" and not getattr(args, "device_note", None)
+    assert cli.prepare(["layer", "-tp", "2,4"]).device == "cpu"
+    assert cli.prepare(["model", "-tp", "2", "--device", "cuda"]).device == "cuda"
+    monkeypatch.setattr(machine, "gpu_count", lambda: 0)
+    args = cli.prepare([])
+    assert args.device == "cpu" and "since this machine has no GPU" in args.device_note
+
+
+GUARDED = r"""
+import sys, torch
+torch.__version__ = sys.argv[1]  # the extension was built for another torch than this one
+sys.argv = ["mhc-sp-bench", "show", "x.json"]  # as the console script starts
+from mhc_sp.bench.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_torch_mismatch_is_one_line_and_exit_2():
+    import os
+
+    import torch
+
+    import mhc_sp
+
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    env = {k: v for k, v in os.environ.items() if k != mhc_sp.ALLOW_MISMATCH_ENV}
+    other = f"{major}.{minor + 1}.0"
+    proc = subprocess.run(
+        [sys.executable, "-c", GUARDED, other], capture_output=True, text=True, timeout=120, env=env
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mhc-sp-bench: error: mhc_sp: its extension mhc_sp._C was built")
+    assert mhc_sp.ALLOW_MISMATCH_ENV in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_show_refuses_a_file_without_results(tmp_path, capsys):
@@ -211,30 +313,30 @@ def test_show_refuses_a_file_without_results(tmp_path, capsys):
 
 
 def test_nsys_is_refused_without_a_gpu_or_nsys(monkeypatch):
-    assert "needs --device cuda" in flags.profiler_problem("nsys", "cpu")
+    assert "needs --device cuda" in checks.profiler_problem("nsys", "cpu")
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert "nsys is not installed" in flags.profiler_problem("nsys", "cuda")
+    assert "nsys is not installed" in checks.profiler_problem("nsys", "cuda")
     monkeypatch.setenv("NSYS_TARGET_STD_REDIRECT_ACTIVE", "1")  # set by nsys profile
-    assert flags.profiler_problem("nsys", "cuda") is None
-    assert flags.profiler_problem("torch", "cpu") is None
+    assert checks.profiler_problem("nsys", "cuda") is None
+    assert checks.profiler_problem("torch", "cpu") is None
 
 
 def test_oversubscription_and_a_busy_machine_warn_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(flags, "available_cores", lambda: 2)
-    monkeypatch.setattr(flags.os, "getloadavg", lambda: (6.5, 1.0, 1.0))
-    flags.warn_busy("mhc-sp-bench ops")
+    monkeypatch.setattr(machine, "available_cores", lambda: 2)
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (6.5, 1.0, 1.0))
+    machine.warn_busy("mhc-sp-bench ops")
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mhc-sp-bench ops: warning: this machine is busy (load average 6.5 ")
-    monkeypatch.setattr(flags.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
-    flags.warn_busy("mhc-sp-bench ops")
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    machine.warn_busy("mhc-sp-bench ops")
     assert capsys.readouterr().err == ""
-    flags.warn_oversubscribed("mhc-sp-bench tune", 4, 1)
+    machine.warn_oversubscribed("mhc-sp-bench tune", 4, 1)
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mhc-sp-bench tune: warning: 4 ranks x 1 thread(s) = 4 > 2 cores")
-    flags.warn_oversubscribed("mhc-sp-bench tune", 2, 1)
+    machine.warn_oversubscribed("mhc-sp-bench tune", 2, 1)
     assert capsys.readouterr().err == ""
-    assert flags.threads_per_rank(4, None) == 1 and flags.threads_per_rank(1, None) == 2
+    assert machine.threads_per_rank(4, None) == 1 and machine.threads_per_rank(1, None) == 2
 
 
 def test_allocator_is_described_and_set_for_spawned_ranks(monkeypatch):

@@ -3,6 +3,7 @@
 numbers, the interval statistics, and a tiny measured run on two ranks with every output."""
 
 import json
+import random
 import re
 
 import pytest
@@ -22,57 +23,84 @@ def rows_of(*intervals, start=1):
 
 
 FAST, SLOW, UNSURE = (1.1, 1.2, 1.3), (0.7, 0.8, 0.9), (0.9, 1.05, 1.2)
+SAME, EDGE = (0.97, 1.0, 1.03), (1.02, 1.08, 1.12)
 
 
-def test_threshold_needs_the_whole_interval_above_one_from_there_on():
+def test_threshold_needs_the_whole_interval_above_the_margin_from_there_on():
     # Faster at 1 (noise), slower at 4, not settled at 16, faster from 64 on: 64.
     assert decide.recommend(rows_of(FAST, SLOW, UNSURE, FAST, FAST)) == 64
     assert decide.recommend(rows_of(FAST, FAST)) == 1
     # Not settled or slower at the largest count: no threshold, whatever came before.
     assert decide.recommend(rows_of(FAST, FAST, UNSURE)) is None
     assert decide.recommend(rows_of(FAST, FAST, SLOW)) is None
-    # A median above 1 whose interval reaches 1.0 is not faster.
+    # A median above 1 whose interval reaches 1.0 is not faster; nor one within the margin.
     assert decide.recommend(rows_of(FAST, (1.0, 1.5, 2.0))) is None
+    assert decide.recommend(rows_of(FAST, EDGE)) is None
+    assert decide.recommend(rows_of(SAME, EDGE, FAST)) == 16
     # Never at or below the CUDA graph capture size.
     rows = rows_of(FAST, SLOW, UNSURE, FAST, FAST)
     assert decide.recommend(rows, max_capture=64) == 256
     assert decide.recommend(rows_of(FAST, FAST), max_capture=4) is None
     assert decide.recommend(list(reversed(rows))) == 64
-    assert [decide.classify(r) for r in rows_of(FAST, SLOW, UNSURE)] == [
+    assert [decide.classify(r) for r in rows_of(FAST, SLOW, UNSURE, SAME, EDGE)] == [
         decide.FASTER,
         decide.SLOWER,
+        decide.UNSETTLED,
+        decide.EQUIVALENT,
         decide.UNSETTLED,
     ]
 
 
+def test_the_band_and_where_to_measure_more_finely():
+    rows = rows_of(SLOW, SAME, EDGE, FAST, FAST)  # 1, 4, 16, 64, 256
+    assert decide.recommend(rows) == 64
+    assert [r["tokens"] for r in decide.band(rows, 64)] == [4, 16]
+    assert decide.refine_between(rows) == [32]  # between the band's top (16) and 64
+    rows = rows_of(SLOW, FAST, FAST)  # no band: the crossover lies between 1 and 4
+    assert decide.band(rows, 4) == [] and decide.refine_between(rows) == [2]
+    assert decide.refine_between(rows_of(SLOW, FAST, start=8)) == [16]  # 8, 32
+    rows = rows_of(SAME, SAME, FAST, start=2)  # 2, 8, 32: 16 lies between
+    assert [r["tokens"] for r in decide.band(rows, 32)] == [2, 8]
+    assert decide.refine_between(rows) == [16]
+    assert decide.refine_between(rows_of(FAST, FAST)) == []  # faster from the smallest count
+    assert decide.refine_between(rows_of(SAME, SAME)) == []  # no threshold
+    # Below the capture size nothing is measured more finely.
+    assert decide.refine_between(rows_of(SAME, SAME, FAST), max_capture=4) == []
+
+
 def test_verdict_lines():
     rows = rows_of(FAST, SLOW, UNSURE, FAST, (1.4, 1.5, 1.6))
-    lines = decide.verdict(rows, 64, tp=2, max_capture=0, repeats=24)
+    lines = decide.verdict(rows, 64, tp=2, max_capture=0)
     assert lines == [
-        "SP (the stream split over 2 ranks) is faster from 64 tokens on: "
+        "SP (the stream split over 2 ranks) is faster by more than 5% from 64 tokens on: "
         "1.20x [1.10-1.30] at 64, 1.50x [1.40-1.60] at 256.",
-        "Below 64, SP is slower at 4 tokens; not settled at 16 tokens (the interval includes "
-        "1.0); faster at 1 token, but not at every larger count.",
-        "Rerun with --repeats 96 to settle 16 tokens: narrower intervals may lower the threshold.",
+        "Band: at 16 tokens SP and no SP are not told apart (within 5%, or intervals reaching "
+        "across it); the recommendation is the count above the band. --sp-threshold 16 instead "
+        "(the band's lower end) engages SP where a boundary may take up to 11% longer: "
+        "1.05x [0.90-1.20] at 16.",
+        "SP is slower at 4 tokens.",
+        "SP is faster at 1 token too, but not by the margin at every larger count.",
         "recommended: --sp-threshold 64",
     ]
     # The threshold at the largest count is named once.
-    first, below, last = decide.verdict(rows_of(SLOW, FAST), 4, 2, 0, 24)
+    first, below, last = decide.verdict(rows_of(SLOW, FAST), 4, 2, 0)
     assert first.endswith(
-        "faster from 4 tokens on: 1.20x [1.10-1.30] at 4, the largest count measured."
+        "faster by more than 5% from 4 tokens on: 1.20x [1.10-1.30] at 4, the largest count "
+        "measured."
     )
-    assert first.count("1.20x") == 1 and below == "Below 4, SP is slower at 1 token."
+    assert first.count("1.20x") == 1 and below == "SP is slower at 1 token."
     assert last == "recommended: --sp-threshold 4"
-    lines = decide.verdict(rows_of(FAST, UNSURE), None, 2, 0, 24)
+    band = decide.verdict(rows_of(SLOW, (1.0, 1.02, 1.04), FAST), 16, 2, 0)[1]
+    assert band.endswith("costs nothing measurable: SP is at worst as fast there.")
+    lines = decide.verdict(rows_of(FAST, UNSURE), None, 2, 0)
     assert lines[0].startswith(
-        "Not settled: at 4 tokens, the largest count measured, the "
-        "speedup's interval 1.05x [0.90-1.20] includes 1.0. Rerun with "
-        "--repeats 96"
+        "SP is not shown faster by more than 5% at 4 tokens, the largest count measured "
+        "(speedup 1.05x [0.90-1.20])."
     )
     assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
-    lines = decide.verdict(rows_of(FAST, SLOW), None, 2, 0, 24)
+    lines = decide.verdict(rows_of(FAST, SLOW), None, 2, 0)
     assert lines[0].startswith("SP is slower at 4 tokens, the largest count measured")
-    lines = decide.verdict(rows_of(FAST, FAST, FAST), 16, 2, max_capture=4, repeats=24)
+    lines = decide.verdict(rows_of(FAST, FAST, FAST), 16, 2, max_capture=4)
     assert "Counts up to 4 run as CUDA graphs" in lines[-2]
 
 
@@ -89,7 +117,7 @@ def test_every_claim_of_a_verdict_matches_the_table(intervals, max_capture):
     for r in rows:
         r["faster"] = decide.classify(r)
     threshold = decide.recommend(rows, max_capture)
-    lines = decide.verdict(rows, threshold, 2, max_capture, 24)
+    lines = decide.verdict(rows, threshold, 2, max_capture)
     table = report.format_table(rows, tune_cmd.present(doc_of(rows, threshold))[1])
     cells = {}
     for line in table.splitlines()[1:]:
@@ -100,23 +128,92 @@ def test_every_claim_of_a_verdict_matches_the_table(intervals, max_capture):
             assert cells[int(T)] == value.replace("x ", " ")
         quoted = re.findall(r"\d+\.\d\dx \[[^\]]+\] at \d+", line)
         assert len(quoted) == len(set(quoted)), line
-    by_kind = {
-        "slower at": decide.SLOWER,
-        "not settled at": decide.UNSETTLED,
-        "faster at": decide.FASTER,
-    }
-    below = next((line for line in lines if line.startswith("Below ")), "")
-    for part in below.rstrip(".").split("; "):
-        for words, kind in by_kind.items():
-            if words in part:
-                named = [int(t) for t in re.findall(r"(\d+)(?= |,| and)", part.split(words)[1])]
-                for T in named:
-                    assert decide.classify(next(r for r in rows if r["tokens"] == T)) == kind
+    named = lambda line: [int(t) for t in re.findall(r"(\d+)(?= tokens?|,| and)", line)]  # noqa
+    for line in lines:
+        if line.startswith("SP is slower at ") and threshold is not None:
+            for T in named(line.split(".")[0]):
+                assert decide.classify(next(r for r in rows if r["tokens"] == T)) == decide.SLOWER
+        if line.startswith("Band: at "):
+            counts = named(line.split(" SP and no SP")[0])
+            assert counts == [r["tokens"] for r in decide.band(rows, threshold, max_capture)]
+            assert all(max_capture < T < threshold for T in counts)
     if threshold is None:
         assert lines[-1] == "recommended: leave --sp-threshold unset (SP off)"
     else:
         assert lines[-1] == f"recommended: --sp-threshold {threshold}"
         assert all(decide.classify(r) == decide.FASTER for r in rows if r["tokens"] >= threshold)
+
+
+# ---- the rule on synthetic samples ------------------------------------------------------------
+
+COUNTS = [1, 4, 16, 64, 256, 1024]
+M = decide.MARGIN
+
+
+def samples_of(ratios: dict, base: dict) -> list[dict]:
+    """One rank's samples: per count, sharded times ``base`` and replicated times ``base *
+    ratio`` sample by sample (the paired ratio is exactly ``ratio``)."""
+    return [
+        {
+            "samples": {
+                T: {"sharded": base[T], "replicated": [b * q for b, q in zip(base[T], ratios[T])]}
+                for T in ratios
+            }
+        }
+    ]
+
+
+def uniform(seed: int, lo: float, hi: float, n: int = 24) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.uniform(lo, hi) for _ in range(n)]
+
+
+def sweep(below: int, top: int, seed: int) -> tuple[dict, dict]:
+    """Paired ratios per count: slower than the margin below index ``below``, anywhere within
+    +-MARGIN from there to index ``top`` (the band), faster than the margin above; and base
+    times spread over three decades."""
+    ratios = {}
+    for k, T in enumerate(COUNTS):
+        lo, hi = (0.5, 1 - M - 0.01) if k < below else (1 - M, 1 + M)
+        if k > top:
+            lo, hi = 1 + M + 0.01, 3.0
+        ratios[T] = uniform(seed + k, lo, hi)
+    return ratios, {T: uniform(seed - 1 - k, 1e-5, 1e-2) for k, T in enumerate(COUNTS)}
+
+
+def band_tokens(rows, threshold):
+    return [r["tokens"] for r in decide.band(rows, threshold)]
+
+
+@given(
+    st.integers(0, len(COUNTS)),
+    st.integers(-1, len(COUNTS) - 1),
+    st.integers(0, 2**32),
+    st.integers(0, 2**32),
+)
+def test_noise_within_the_band_never_moves_the_answer(below, top, seed, noise_seed):
+    """Synthetic samples, slower below a band, within +-MARGIN in it, faster above: the answer is
+    the count above the band; the same data gives the same answer and words; other noise within
+    the band (and other base times everywhere) gives the same answer and band."""
+    top = max(top, below - 1)  # top < below: an empty band
+    ratios, base = sweep(below, top, seed)
+    rows = tune_cmd.rows_from_samples(samples_of(ratios, base), COUNTS)
+    answer = decide.recommend(rows)
+    above = [T for k, T in enumerate(COUNTS) if k > top]
+    assert answer == (above[0] if above else None)
+    if answer is not None:
+        assert band_tokens(rows, answer) == COUNTS[below : top + 1]
+    assert decide.recommend(list(reversed(rows))) == answer
+    again = tune_cmd.rows_from_samples(samples_of(ratios, base), COUNTS)
+    assert again == rows
+    assert decide.verdict(again, answer, 2, 0) == decide.verdict(rows, answer, 2, 0)
+    noisy, other_base = sweep(below, top, noise_seed)
+    for k, T in enumerate(COUNTS):
+        if not below <= k <= top:
+            noisy[T] = ratios[T]
+    moved = tune_cmd.rows_from_samples(samples_of(noisy, other_base), COUNTS)
+    assert decide.recommend(moved) == answer
+    assert band_tokens(moved, answer) == band_tokens(rows, answer)
 
 
 def doc_of(rows, threshold):
@@ -176,7 +273,7 @@ def test_tiny_tune_on_two_ranks(tmp_path, capfd):
         assert r["faster"] == decide.classify(r)
     threshold = decide.recommend(doc["rows"], 4)
     assert doc["recommended_sp_threshold"] == threshold and (threshold is None or threshold > 4)
-    assert doc["verdict"] == decide.verdict(doc["rows"], threshold, 2, 4, 6)
+    assert doc["verdict"] == decide.verdict(doc["rows"], threshold, 2, 4)
     assert " ".join(lines).endswith(" ".join(doc["verdict"]))
     assert lines[-1] == doc["verdict"][-1] and all(len(line) <= 100 for line in lines[1:4])
     csv_lines = out["csv"].read_text().splitlines()

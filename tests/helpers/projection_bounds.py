@@ -106,4 +106,3 @@ def error_ratios(got, exact, scales) -> dict[str, tuple[float, float]]:
         typical = float((err / scales["typical"][k]).square().mean().sqrt())
         out[k] = (worst, typical)
     return out
-

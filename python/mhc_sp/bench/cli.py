@@ -18,12 +18,14 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import time
 from types import ModuleType
 from typing import Optional, Sequence
 
-from . import allocator, flags
+from ..launch import Stopped, stop_on_signals
+from . import allocator, checks, flags, machine
 from .report import PROG
 
 #: The quick tune of the bare command (flags the user gives replace these).
@@ -105,7 +107,7 @@ def prepare(argv: Optional[Sequence[str]] = None):
     profilers, output files, each subcommand's own rules. A problem exits with status 2 and
     one line on stderr."""
     args = parse_args(argv)
-    flags.check_common(args, args.prog)
+    checks.check_common(args, args.prog)
     validate = getattr(args, "validate", None)
     if validate is not None:
         validate(args)
@@ -117,30 +119,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     code (usage errors exit with 2 on their own)."""
     environment = dict(os.environ)
     try:
+        with stop_on_signals():
+            return _run(argv)
+    except (KeyboardInterrupt, Stopped) as e:
+        name = "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+        fresh_line = "\n" if sys.stderr.isatty() else ""  # after a progress line redrawn in place
+        print(
+            f"{fresh_line}{PROG}: stopped by {name}; every rank it started has exited",
+            file=sys.stderr,
+        )
+        return 128 + (signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.signum)
+    finally:
+        if argv is not None:  # called from Python: leave the environment as it was
+            os.environ.clear()
+            os.environ.update(environment)
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
+    """:func:`main` without its handling of stop signals and of the environment."""
+    try:
         args = prepare(argv)
+        if getattr(args, "device_note", None) and os.environ.get("RANK", "0") == "0":
+            print(args.device_note, file=sys.stderr, flush=True)  # once in a launched world
         measures = getattr(args, "measures", None)
         if measures:
             line = allocator.apply(measures == "here", from_command_line=argv is None)
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-            flags.warn_busy(args.prog)
+            machine.warn_busy(args.prog)
         prepare_profiler(args)
         started = time.time()
         code = int(args.func(args) or 0)
         if code == 0:
             report_profile(args, started)
         return code
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted", file=sys.stderr)
-        return 130
     except (MemoryError, RuntimeError) as e:
         if not isinstance(e, MemoryError) and "can't allocate memory" not in str(e):
             raise
         print(f"{PROG}: out of memory: measure fewer or smaller cases", file=sys.stderr)
         return 1
-    finally:
-        if argv is not None:  # called from Python: leave the environment as it was
-            os.environ.clear()
-            os.environ.update(environment)
 
 
 def prepare_profiler(args) -> None:
@@ -157,7 +173,7 @@ def prepare_profiler(args) -> None:
         try:
             use_nvtx_recorder()
         except ValueError as e:
-            flags.usage_error(args.prog, f"--{e}")
+            checks.usage_error(args.prog, f"--{e}")
 
 
 def report_profile(args, started: float) -> None:

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import flags, report
+from . import checks, flags, machine, report
 from .timing import Sampling, run_ranks, slowest_rank, spread
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
@@ -71,8 +71,8 @@ def _worker(rank: int, world: int, how: Sampling, sizes: list[int], dtype_name: 
     import mhc_sp.distributed as msd
     from mhc_sp import ops
 
-    device = how.rank_device(rank, world)
     group = msd.init(device=how.device_type, transport=transport)
+    device = how.rank_device(rank, world)  # after the transport: see Sampling.rank_device
     dtype = DTYPES[dtype_name]
     cases = {}
     for size in sizes:
@@ -84,7 +84,8 @@ def _worker(rank: int, world: int, how: Sampling, sizes: list[int], dtype_name: 
             "all_gather": lambda shard=shard: ops.all_gather(shard, group),
             "all_reduce": lambda full=full: ops.all_reduce(full, group),
         }
-    samples = how.sample(rank, cases, f"comm -tp {world}", lambda size, op: f"{op} {size}B")
+    with how.profiled(rank):
+        samples = how.sample(rank, cases, f"comm -tp {world}", lambda size, op: f"{op} {size}B")
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
@@ -116,12 +117,12 @@ def check(args) -> None:
     args.threads = 1  # collectives copy; the ranks share the cores
     if args.device == "cpu":  # every size's buffers and outputs stay on every rank
         need = max(args.tensor_parallel_size) * 3 * sum(args.sizes)
-        flags.check_memory(args.prog, need, "--sizes")
+        checks.check_memory(args.prog, need, "--sizes")
 
 
 def run(args) -> int:
     device = torch.device(args.device)
-    flags.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), 1)
+    machine.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), 1)
     rows = []
     for world in args.tensor_parallel_size:
         item = torch.empty((), dtype=DTYPES[args.dtype]).element_size()

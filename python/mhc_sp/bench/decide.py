@@ -3,11 +3,26 @@
 it. ``tune`` and ``layer`` both decide with it.
 
 A row is one token count: ``tokens``, and ``speedup_x`` with its interval ``speedup_lo_x`` ..
-``speedup_hi_x`` (replicated time / sharded time, from paired samples). SP is *faster* at a
-count when the whole interval lies above 1.0, *slower* when it lies below, and *not settled*
-otherwise. The recommended threshold is the smallest measured count above the CUDA graph capture
-size at which SP is faster, and faster at every larger measured count too: a count that noise
-could tip either way never lowers it."""
+``speedup_hi_x`` (replicated time / sharded time, from paired samples, a 95% confidence interval
+of the median ratio). Two times closer than :data:`MARGIN` (5%) are not told apart: that is about
+how much the medians of identical runs drift on a machine shared with other work, so a rule that
+acted on smaller differences would act on noise. Each count is therefore one of:
+
+* *faster* with SP: the whole interval lies above 1 + MARGIN;
+* *slower* with SP: the whole interval lies below 1 - MARGIN;
+* *equivalent*: the whole interval lies within 1 +- MARGIN (SP neither helps nor costs more
+  than the margin);
+* *not settled*: the interval reaches across 1 + MARGIN or 1 - MARGIN (more rounds may settle
+  it; ``tune`` gives such counts more rounds first).
+
+The recommended threshold is the smallest measured count above the CUDA graph capture size from
+which SP is faster at that count and at every larger one. The counts below it, above the last
+one where SP is slower, at which SP is equivalent or not settled form the *band* where SP and no
+SP are not told apart within the measurement's resolution; the recommendation is the count above
+the band, and the verdict states what choosing the band's lower end instead would cost (the
+worst case of the intervals there). Noise that keeps a band count's
+interval within the band (below 1 + MARGIN) can never move the answer: only a count shown faster
+by more than the margin, at it and every larger count, can be the threshold."""
 
 from __future__ import annotations
 
@@ -15,17 +30,23 @@ from typing import Optional, Sequence
 
 from .report import fmt_ratio
 
-FASTER, SLOWER, UNSETTLED = "with SP", "without SP", "not settled"
+FASTER, SLOWER, EQUIVALENT, UNSETTLED = "with SP", "without SP", "equivalent", "not settled"
 #: How sure the speedup's interval is (a confidence interval of the median paired ratio).
 CONFIDENCE = 0.95
+#: Relative differences smaller than this are within the measurement's resolution.
+MARGIN = 0.05
 
 
 def classify(row: dict) -> str:
-    """Which way is faster at this row's count, judged by the speedup's interval."""
-    if row["speedup_lo_x"] > 1.0:
+    """Which way is faster at this row's count, judged by the speedup's interval and
+    :data:`MARGIN`."""
+    lo, hi = row["speedup_lo_x"], row["speedup_hi_x"]
+    if lo > 1.0 + MARGIN:
         return FASTER
-    if row["speedup_hi_x"] < 1.0:
+    if hi < 1.0 - MARGIN:
         return SLOWER
+    if lo >= 1.0 - MARGIN and hi <= 1.0 + MARGIN:
+        return EQUIVALENT
     return UNSETTLED
 
 
@@ -40,6 +61,37 @@ def recommend(rows: Sequence[dict], max_capture: int = 0) -> Optional[int]:
     return best
 
 
+def band(rows: Sequence[dict], threshold: Optional[int], max_capture: int = 0) -> list[dict]:
+    """The rows below ``threshold`` (all rows when None), above ``max_capture`` and above the
+    largest count where SP is slower, at which SP and no SP are not told apart (equivalent or
+    not settled)."""
+    rows = sorted((r for r in rows if r["tokens"] > max_capture), key=lambda r: r["tokens"])
+    below = [r for r in rows if threshold is None or r["tokens"] < threshold]
+    slower = [k for k, r in enumerate(below) if classify(r) == SLOWER]
+    above_slower = below[slower[-1] + 1 :] if slower else below
+    return [r for r in above_slower if classify(r) in (EQUIVALENT, UNSETTLED)]
+
+
+def refine_between(rows: Sequence[dict], max_capture: int = 0) -> list[int]:
+    """Counts to measure next, between the band's upper end and the next smaller measured count
+    (powers of two apart, the measured ones excluded), so that the threshold is found on a finer
+    grid than the sweep's; empty when the crossover is already between neighbouring powers of
+    two or not in the measured range."""
+    threshold = recommend(rows, max_capture)
+    if threshold is None:
+        return []
+    below = [r["tokens"] for r in rows if max_capture < r["tokens"] < threshold]
+    if not below:
+        return []
+    measured = {r["tokens"] for r in rows}
+    counts, c = [], 2 * max(below)
+    while c < threshold:
+        if c not in measured:
+            counts.append(c)
+        c *= 2
+    return counts
+
+
 def speedup_text(row: dict) -> str:
     """``1.23x [1.18-1.30]``: the speedup and its interval, as the table shows them."""
     return (
@@ -52,17 +104,38 @@ def tokens_text(counts: Sequence[int]) -> str:
     """``1 token``, ``4 and 16 tokens``, ``1, 4 and 16 tokens``."""
     names = [str(c) for c in counts]
     joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return joined + (" token" if counts == [1] else " tokens")
+    return joined + (" token" if list(counts) == [1] else " tokens")
 
 
-def verdict(
-    rows: Sequence[dict], threshold: Optional[int], tp: int, max_capture: int, repeats: int
-) -> list[str]:
+def lower_end_cost(in_band: Sequence[dict]) -> str:
+    """What ``--sp-threshold`` at the band's lower end would cost: SP engaged at every band count,
+    at worst as slow as the lowest end of their intervals."""
+    worst = min(in_band, key=lambda r: r["speedup_lo_x"])
+    low = in_band[0]["tokens"]
+    if worst["speedup_lo_x"] >= 1.0:
+        return (
+            f"--sp-threshold {low} instead (the band's lower end) costs nothing measurable: SP "
+            f"is at worst as fast there."
+        )
+    slower = 100 * (1 / worst["speedup_lo_x"] - 1)
+    return (
+        f"--sp-threshold {low} instead (the band's lower end) engages SP where a boundary may "
+        f"take up to {slower:.0f}% longer: {speedup_text(worst)} at {worst['tokens']}."
+    )
+
+
+#: A verdict's words for counts below the threshold where SP is faster all the same.
+NOT_FROM_THERE = "SP is faster at {} too, but not by the margin at every larger count."
+
+
+def verdict(rows: Sequence[dict], threshold: Optional[int], tp: int, max_capture: int) -> list[str]:
     """The conclusion in words, generated from the rows and the threshold :func:`recommend`
     chose; its last line is ``recommended: ...``."""
     rows = sorted(rows, key=lambda r: r["tokens"])
     top = rows[-1]
+    margin = f"{MARGIN:.0%}"
     graphs = [r for r in rows if r["tokens"] <= max_capture]
+    in_band = band(rows, threshold, max_capture)
     lines = []
     if threshold is None:
         if classify(top) == SLOWER:
@@ -73,40 +146,36 @@ def verdict(
             )
         else:
             lines.append(
-                f"Not settled: at {tokens_text([top['tokens']])}, the largest count measured, "
-                f"the speedup's interval {speedup_text(top)} includes 1.0. Rerun with "
-                f"--repeats {4 * repeats} (about halves the interval) or measure larger counts "
-                f"with --tokens."
+                f"SP is not shown faster by more than {margin} at "
+                f"{tokens_text([top['tokens']])}, the largest count measured (speedup "
+                f"{speedup_text(top)}). Leave it off, or measure larger counts with --tokens."
             )
     else:
         at = next(r for r in rows if r["tokens"] == threshold)
         first = (
-            f"SP (the stream split over {tp} ranks) is faster from {tokens_text([threshold])} "
-            f"on: {speedup_text(at)} at {threshold}"
+            f"SP (the stream split over {tp} ranks) is faster by more than {margin} from "
+            f"{tokens_text([threshold])} on: {speedup_text(at)} at {threshold}"
         )
         if top is at:
             first += ", the largest count measured."
         else:
             first += f", {speedup_text(top)} at {top['tokens']}."
         lines.append(first)
-        below = [r for r in rows if max_capture < r["tokens"] < threshold]
-        parts = []
-        for kind, words in (
-            (SLOWER, "slower at {}"),
-            (UNSETTLED, "not settled at {} (the interval includes 1.0)"),
-            (FASTER, "faster at {}, but not at every larger count"),
-        ):
-            counts = [r["tokens"] for r in below if classify(r) == kind]
-            if counts:
-                parts.append(words.format(tokens_text(counts)))
-        if parts:
-            lines.append(f"Below {threshold}, SP is " + "; ".join(parts) + ".")
-        unsettled = [r["tokens"] for r in below if classify(r) == UNSETTLED]
-        if unsettled:
+        if in_band:
+            counts = [r["tokens"] for r in in_band]
             lines.append(
-                f"Rerun with --repeats {4 * repeats} to settle {tokens_text(unsettled)}: "
-                f"narrower intervals may lower the threshold."
+                f"Band: at {tokens_text(counts)} SP and no SP are not told apart (within "
+                f"{margin}, or intervals reaching across it); the recommendation is the count "
+                f"above the band. " + lower_end_cost(in_band)
             )
+        for kind, words in ((SLOWER, "SP is slower at {}."), (FASTER, NOT_FROM_THERE)):
+            counts = [
+                r["tokens"]
+                for r in rows
+                if max_capture < r["tokens"] < threshold and classify(r) == kind
+            ]
+            if counts:
+                lines.append(words.format(tokens_text(counts)))
     if graphs:
         lines.append(
             f"Counts up to {max_capture} run as CUDA graphs (--max-cudagraph-capture-size), "

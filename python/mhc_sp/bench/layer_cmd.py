@@ -12,8 +12,8 @@ are the slowest rank's, as median [p10-p90]; speedup is replicated / fused shard
 paired ratios, 95% CI), x_separate is separate / fused sharded, x_<transport> compares a
 transport's fused sharded time with the last one's, over_math_x is fused sharded / math_alone (how
 close the boundary comes to its floor). Sharded beats replicated from the smallest
-count where the speedup's interval lies above 1.0 at that count and every larger one (the rule
-of mhc-sp-bench tune)."""
+count where the speedup's interval lies above 1.05 at that count and every larger one (the rule
+of mhc-sp-bench tune, without its finer measurement near the crossover)."""
 
 from __future__ import annotations
 
@@ -21,50 +21,9 @@ import sys
 
 import torch
 
-from .. import reference as R
-from ..testing import random_inputs
-from . import decide, flags, report
+from . import checks, decide, flags, machine, report
+from .boundary import PATHS, boundary_case, check_ranks
 from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
-
-PATHS = ("fused_sharded", "fused_replicated", "separate_sharded", "math_alone")
-
-
-def boundary_paths(i: dict, partial, rank: int, world: int, group: str, T: int) -> dict:
-    """The three ways to run one boundary and its floor, as zero-argument callables on this
-    rank."""
-    from .. import ops
-
-    shard = {k: R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")}
-    w, proj = i["norm_weight"], (i["fn"], i["scale"], i["base"])
-    x_own = R.shard_tokens(partial[:T], rank, world)  # as many rows as the reduced shard
-
-    def separate():
-        x = ops.reduce_scatter(partial[:T], group)
-        residual, post, comb, layer_input = ops.mhc_post_pre(
-            x, shard["residual"], shard["post"], shard["comb"], *proj, w
-        )
-        return residual, post, comb, ops.all_gather(layer_input, group, T)
-
-    return {
-        "fused_sharded": lambda: ops.fused_layer(
-            partial, shard["residual"], shard["post"], shard["comb"], *proj, w, group, True, T
-        ),
-        "fused_replicated": lambda: ops.fused_layer(
-            partial, i["residual"], i["post"], i["comb"], *proj, w, group, False, T
-        ),
-        "separate_sharded": separate,
-        "math_alone": lambda: ops.mhc_post_pre(
-            x_own, shard["residual"], shard["post"], shard["comb"], *proj, w
-        ),
-    }
-
-
-def boundary_case(T: int, H: int, n: int, rank: int, world: int, group: str, device) -> dict:
-    """Seeded inputs of one boundary of T tokens on this rank, as :func:`boundary_paths`."""
-    i = random_inputs(T, n, H, seed=0, device=device)
-    gen = torch.Generator().manual_seed(1 + rank)
-    partial = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
-    return boundary_paths(i, partial, rank, world, group, T)
 
 
 def _worker(
@@ -75,12 +34,12 @@ def _worker(
 
     import mhc_sp.distributed as msd
 
-    device = how.rank_device(rank, world)
     groups = {}
     for k, requested in enumerate(transports):  # WORLD for the first, a group of all ranks after
         pg = None if k == 0 else dist.new_group(list(range(world)))
         name = msd.init(pg, device=how.device_type, transport=requested)
         groups[msd.transport(name, how.device_type)] = name
+    device = how.rank_device(rank, world)  # after the transports: see Sampling.rank_device
     cases = {
         T: {
             f"{t}:{path}": fn
@@ -89,7 +48,8 @@ def _worker(
         }
         for T in tokens
     }
-    samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
+    with how.profiled(rank):
+        samples = how.sample(rank, cases, f"layer -tp {world}", lambda T, way: f"layer T={T}")
     return {"transports": list(groups), "samples": samples}
 
 
@@ -109,15 +69,13 @@ def register(subparsers) -> None:
 
 
 def check(args) -> None:
-    from .tune_cmd import check_ranks
-
     check_ranks(args.prog, args.device, max(args.tensor_parallel_size), args.transport)
     tps = args.tensor_parallel_size
-    args.threads = flags.threads_per_rank(max(tps), args.threads) if args.device == "cpu" else 1
+    args.threads = machine.threads_per_rank(max(tps), args.threads) if args.device == "cpu" else 1
     if args.device == "cpu":  # every count's inputs stay on every rank, once per transport
-        per_rank = sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        per_rank = sum(checks.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
         need = max(tps) * len(args.transport) * per_rank
-        flags.check_memory(args.prog, need, "--tokens, --hidden-size, --transport")
+        checks.check_memory(args.prog, need, "--tokens, --hidden-size, --transport")
 
 
 def rows_from_samples(per_rank: list[dict], world: int, tokens: list[int], H: int) -> list[dict]:
@@ -167,7 +125,7 @@ def crossover(rows: list[dict]) -> dict:
 
 def run(args) -> int:
     device = torch.device(args.device)
-    flags.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), args.threads)
+    machine.warn_oversubscribed(args.prog, max(args.tensor_parallel_size), args.threads)
     rows = []
     for world in args.tensor_parallel_size:
         print(

@@ -16,13 +16,10 @@ import sys
 from datetime import timedelta
 from typing import Optional
 
-from ..config import EngineArgs, EngineConfig
-from ..config.engine_args import positive_int
+from ..config import EngineArgs, EngineConfig, arg_types
 from ..launch import run_world
 from ..profiling import profiled
-from . import flags, report
-
-PREFIX = "mhc-sp-bench model"
+from . import checks, flags, machine, report
 
 
 def register(subparsers) -> None:
@@ -38,31 +35,31 @@ def register(subparsers) -> None:
         "run) and exits 1 above tolerance. Configuration errors exit 2.",
     )
     EngineArgs.add_cli_args(p)
-    run = p.add_argument_group("this run")
-    flags.add_tokens(run, [64], help="tokens in a forward (a comma list: one forward each)")
-    run.add_argument(
+    this_run = p.add_argument_group("this run")
+    flags.add_tokens(this_run, [64], help="tokens in a forward (a comma list: one forward each)")
+    this_run.add_argument(
         "--requests",
-        type=positive_int,
+        type=arg_types.positive_int,
         default=1,
         help="the tokens form this many requests, as equal in length as they divide (earlier "
         "requests take the remainder); draft steps after the first run on the last token of "
         "each",
     )
-    flags.add_measuring(run, threads=False)
-    run.add_argument(
+    flags.add_measuring(this_run, threads=False)
+    this_run.add_argument(
         "--timeout",
-        type=flags.positive_float,
+        type=arg_types.positive_float,
         default=600.0,
         metavar="S",
         help="seconds before the spawned ranks are killed",
     )
-    run.add_argument(
+    this_run.add_argument(
         "--check",
         action="store_true",
         help="compare the logits and each draft step with tp=1; print "
         "max_abs_diff=<value>; exit 1 above tolerance",
     )
-    p.set_defaults(func=run_model, validate=check)
+    p.set_defaults(func=run, validate=check)
 
 
 def check(args: argparse.Namespace) -> None:
@@ -72,24 +69,18 @@ def check(args: argparse.Namespace) -> None:
             args, int(os.environ["WORLD_SIZE"]) if _under_torchrun() else None
         )
     except (ValueError, TypeError, NotImplementedError) as e:
-        flags.usage_error(PREFIX, str(e))
+        checks.usage_error(args.prog, str(e))
     world = args.engine.parallel.world_size
-    if args.device == "cuda" and not _under_torchrun() and torch_cuda_count() < world:
-        flags.usage_error(
-            PREFIX,
+    if args.device == "cuda" and not _under_torchrun() and machine.gpu_count() < world:
+        checks.usage_error(
+            args.prog,
             f"--device cuda: tensor_parallel_size x pipeline_parallel_size = {world} "
-            f"ranks need {world} GPUs, found {torch_cuda_count()}",
+            f"ranks need {world} GPUs, found {machine.gpu_count()}",
         )
     # One rank runs in this process (alone, or as a torchrun rank); more are spawned.
     args.measures = "here" if world == 1 or _under_torchrun() else "ranks"
     if args.measures == "ranks":
-        flags.warn_oversubscribed(PREFIX, world, flags.threads_per_rank(world, None))
-
-
-def torch_cuda_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
+        machine.warn_oversubscribed(args.prog, world, machine.threads_per_rank(world, None))
 
 
 def build_engine(args: argparse.Namespace, world_size: Optional[int] = None) -> EngineConfig:
@@ -115,7 +106,7 @@ def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def run_model(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """The ``model`` subcommand: 0 = ok, 1 = check failed or a rank failed (configuration errors
     exit 2 from :func:`check`)."""
     engine = args.engine
@@ -129,9 +120,9 @@ def run_model(args: argparse.Namespace) -> int:
         )
     if _under_torchrun():
         rank = int(os.environ["RANK"])
-        return _finish(args, [_rank_main(rank, world, "env://", args, engine)])
+        return _finish(args, [_worker(rank, world, "env://", args, engine)])
     if world == 1:
-        return _finish(args, [_rank_main(0, 1, None, args, engine)])
+        return _finish(args, [_worker(0, 1, None, args, engine)])
     return _spawn(world, args, engine)
 
 
@@ -162,7 +153,7 @@ def _spawn(world: int, args, engine) -> int:
     try:
         results = run_world(
             world,
-            _rank_main,
+            _worker,
             None,
             args,
             engine,
@@ -172,7 +163,7 @@ def _spawn(world: int, args, engine) -> int:
             collective_timeout=max(60.0, args.timeout),
         )
     except AssertionError as e:
-        print(f"{PREFIX}: {e}", file=sys.stderr)
+        print(f"{args.prog}: {e}", file=sys.stderr)
         return 1
     return _finish(args, results)
 
@@ -210,9 +201,7 @@ def plot(ax, doc: dict) -> None:
 # ---- one rank -------------------------------------------------------------------------------
 
 
-def _rank_main(
-    rank: int, world: int, init_method: Optional[str], args, engine: EngineConfig
-) -> dict:
+def _worker(rank: int, world: int, init_method: Optional[str], args, engine: EngineConfig) -> dict:
     """Run the benchmark on this rank, one token count after the other. Returns ``{"code": int,
     "report": [lines], "rows": [one summary per count]}``; only the reporting rank (TP rank 0 of
     the last stage) has a report and rows."""
@@ -228,7 +217,7 @@ def _rank_main(
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(flags.threads_per_rank(world, None))  # ranks share the cores
+        torch.set_num_threads(machine.threads_per_rank(world, None))  # ranks share the cores
     if world > 1 and not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo"
         dist.init_process_group(
@@ -261,68 +250,108 @@ def _rank_main(
 
 
 def _run_tokens(T: int, args, engine: EngineConfig, groups, runner, device) -> dict:
-    """Warm-up, timed repeats and the check of forwards of ``T`` tokens on this rank."""
+    """Warm-up, timed repeats and the check of forwards of ``T`` tokens on this rank: ``{"code",
+    "report", "summary"}``, the last two None except on the reporting rank."""
+    inputs = _inputs(T, args, engine)
+    step = _step(runner, inputs, engine.num_speculative_tokens)
+    for _ in range(args.warmup):
+        step()
+    timer, total, drafts = _timed(step, args.repeats, device)
+    stage_phases = _stage_phases(timer, groups)
+    reporting = groups.tp.rank == 0 and runner.is_last_stage
+    check_lines, code, diffs = [], 0, None
+    if args.check:
+        check_lines, code, diffs, drafts = _checked(step, engine, groups, device, inputs, reporting)
+    if not reporting:
+        return {"code": code, "report": None, "summary": None}
+    plan = runner.plan(T)
+    draft_plans = drafts.plans if drafts else []
+    lines = _report(args, engine, plan, draft_plans, stage_phases, total)
+    summary = _summary(args, engine, plan, draft_plans, stage_phases, total, diffs, code)
+    return {"code": code, "report": lines + check_lines, "summary": summary}
+
+
+def _inputs(T: int, args, engine: EngineConfig) -> dict:
+    """Seeded token ids of one forward, the next token of each position (what the MTP layer is
+    fed), and the last token of each request."""
     import torch
-    import torch.distributed as dist
 
-    from ..model import RoutingTrace
-    from ..profiling import PhaseTimer
-
-    cfg, steps = engine.model, engine.num_speculative_tokens
     gen = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen)
-    # The MTP layer predicts one token further: feed it each position's next token.
-    next_ids = torch.randint(0, cfg.vocab_size, (T,), generator=gen)
-    rows = last_token_indices(T, args.requests)
+    vocab = engine.model.vocab_size
+    ids = torch.randint(0, vocab, (T,), generator=gen)
+    next_ids = torch.randint(0, vocab, (T,), generator=gen)
+    return {"ids": ids, "next_ids": next_ids, "rows": last_token_indices(T, args.requests)}
+
+
+def _step(runner, inputs: dict, steps: int):
+    """One forward and its ``steps`` MTP draft steps: ``step(timer, routing) -> (out, drafts)``."""
 
     def step(timer=None, routing=None):
-        out = runner.forward(ids, return_final_stream=steps > 0, timer=timer, routing=routing)
-        drafts = (
-            runner.propose(
+        out = runner.forward(
+            inputs["ids"], return_final_stream=steps > 0, timer=timer, routing=routing
+        )
+        drafts = None
+        if steps:
+            drafts = runner.propose(
                 out.final_stream,
-                next_ids,
-                last_token_indices=rows,
+                inputs["next_ids"],
+                last_token_indices=inputs["rows"],
                 timer=timer,
                 routing=routing,
             )
-            if steps
-            else None
-        )
         return out, drafts
 
-    for _ in range(args.warmup):
-        step()
+    return step
+
+
+def _timed(step, repeats: int, device) -> tuple:
+    """``repeats`` timed steps: the phase timer, the wall time in all (drafts included), and the
+    last step's drafts."""
+    from ..profiling import PhaseTimer
+
     timer = PhaseTimer(sync_cuda=device.type == "cuda")
     total = 0.0
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         out, drafts = step(timer)
-        total += out.timings["total"]
-        total += drafts.timings.get("total", 0.0) if drafts else 0.0
-    plan = runner.plan(T)
-    reporting = groups.tp.rank == 0 and runner.is_last_stage
-    stage_phases = [dict(timer.totals)]
-    if dist.is_initialized() and groups.pp_size > 1:
-        stage_phases = [None] * groups.pp_size
-        dist.all_gather_object(stage_phases, dict(timer.totals), group=groups.pp_group)
+        total += out.timings["total"] + (drafts.timings.get("total", 0.0) if drafts else 0.0)
+    return timer, total, drafts
 
-    check_lines, code, diffs = [], 0, None
-    if args.check:
-        trace = RoutingTrace()
-        out, drafts = step(routing=trace)
-        recorded = [t.cpu() for t in trace.recorded]
-        if dist.is_initialized() and groups.pp_size > 1:
-            per_stage = [None] * groups.pp_size
-            dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
-            recorded = [t for stage in per_stage for t in stage]
-        if reporting:
-            check_lines, code, diffs = _check(
-                engine, groups, device, ids, next_ids, rows, out, drafts, recorded
-            )
+
+def _stage_phases(timer, groups) -> list[dict]:
+    """Every pipeline stage's phase totals (TP rank 0's of each stage)."""
+    import torch.distributed as dist
+
+    phases = [dict(timer.totals)]
+    if dist.is_initialized() and groups.pp_size > 1:
+        phases = [None] * groups.pp_size
+        dist.all_gather_object(phases, dict(timer.totals), group=groups.pp_group)
+    return phases
+
+
+def _checked(step, engine, groups, device, inputs: dict, reporting: bool) -> tuple:
+    """One more step with its MoE routing recorded (every stage's), compared on the reporting
+    rank with tp=1 (:func:`_check`): (lines, code, diffs, drafts)."""
+    import torch.distributed as dist
+
+    from ..model import RoutingTrace
+
+    trace = RoutingTrace()
+    out, drafts = step(routing=trace)
+    recorded = [t.cpu() for t in trace.recorded]
+    if dist.is_initialized() and groups.pp_size > 1:
+        per_stage = [None] * groups.pp_size
+        dist.all_gather_object(per_stage, recorded, group=groups.pp_group)
+        recorded = [t for stage in per_stage for t in stage]
     if not reporting:
-        return {"code": code, "report": None, "summary": None}
-    draft_plans = drafts.plans if drafts else []
-    report_lines = _report(args, engine, plan, draft_plans, stage_phases, total)
-    summary = {
+        return [], 0, None, drafts
+    ids, next_ids, rows = inputs["ids"], inputs["next_ids"], inputs["rows"]
+    lines, code, diffs = _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded)
+    return lines, code, diffs, drafts
+
+
+def _summary(args, engine, plan, draft_plans, stage_phases, total, diffs, code) -> dict:
+    """The reporting rank's row of one token count."""
+    return {
         "tp": engine.parallel.tensor_parallel_size,
         "pp": engine.parallel.pipeline_parallel_size,
         "sp_threshold": engine.parallel.sp_threshold,
@@ -345,7 +374,6 @@ def _run_tokens(T: int, args, engine: EngineConfig, groups, runner, device) -> d
         "max_abs_diff_by_output": diffs,
         "check_passed": (code == 0) if args.check else None,
     }
-    return {"code": code, "report": report_lines + check_lines, "summary": summary}
 
 
 def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
@@ -413,7 +441,8 @@ def _report(args, engine, plan, draft_plans, stage_phases, total) -> list[str]:
         return "no" + ("" if p.enable_sp else " (SP not configured)")
 
     lines = [
-        f"{PREFIX}: tp={p.tensor_parallel_size} pp={p.pipeline_parallel_size} device={args.device} "
+        f"{args.prog}: tp={p.tensor_parallel_size} pp={p.pipeline_parallel_size} "
+        f"device={args.device} "
         f"layers={m.num_layers} hidden={m.hidden_size} heads={m.num_heads} "
         f"experts={m.num_routed_experts} top_k={m.num_experts_per_tok} "
         f"draft_steps={engine.num_speculative_tokens}",

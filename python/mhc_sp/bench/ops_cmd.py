@@ -20,10 +20,10 @@ import time
 import torch
 
 from .. import ops
-from ..config import MhcConfig
+from ..config import MhcConfig, arg_types
 from ..profiling import phase, profiled
 from ..testing import OPS, random_inputs
-from . import flags, report
+from . import checks, flags, report
 from .timing import copy_call, time_calls
 
 COMPARE = ("eager", "compile")
@@ -31,7 +31,7 @@ COMPARE = ("eager", "compile")
 
 def compare_list(text: str) -> list[str]:
     """argparse type of --compare: a comma list of baselines, or none."""
-    return [] if text.strip() == "none" else flags.word_list(COMPARE)(text)
+    return [] if text.strip() == "none" else arg_types.word_list(COMPARE)(text)
 
 
 def register(subparsers) -> None:
@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     flags.add_hc_mult(p)
     p.add_argument(
         "--ops",
-        type=flags.word_list(tuple(OPS)),
+        type=arg_types.word_list(tuple(OPS)),
         default=list(OPS),
         metavar="OP[,OP...]",
         help=f"ops to time, from {','.join(OPS)}",
@@ -66,14 +66,14 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--graph-max-tokens",
-        type=flags.non_negative_int,
+        type=arg_types.non_negative_int,
         default=256,
         metavar="T",
         help="CUDA: time token counts up to this as CUDA-graph replays",
     )
     p.add_argument(
         "--budget-s",
-        type=flags.non_negative_float,
+        type=arg_types.non_negative_float,
         default=0.0,
         metavar="S",
         help="start no new shape after this many seconds (0: no limit; the first shape always "
@@ -86,9 +86,9 @@ def register(subparsers) -> None:
 def check(args) -> None:
     if args.device == "cpu":  # one shape at a time, its op and baselines side by side
         need = max(
-            2 * flags.case_bytes(T, H, args.hc_mult) for H in args.hidden_size for T in args.tokens
+            2 * checks.case_bytes(T, H, args.hc_mult) for H in args.hidden_size for T in args.tokens
         )
-        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
+        checks.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 def run(args) -> int:

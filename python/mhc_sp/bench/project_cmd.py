@@ -29,8 +29,8 @@ from itertools import combinations
 
 import torch
 
-from ..config import EngineArgs
-from . import flags, report
+from ..config import EngineArgs, arg_types
+from . import checks, flags, report
 from .report import fmt_number
 
 
@@ -276,7 +276,7 @@ def register(subparsers) -> None:
     flags.add_hidden_size(p, 4096, sweep=False)
     flags.add_hc_mult(p)
     flags.add_tokens(p, [1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384])
-    types = {"positive": flags.positive_float, "non_negative": flags.non_negative_float}
+    types = {"positive": arg_types.positive_float, "non_negative": arg_types.non_negative_float}
     for field, flag, _, kind, text in CONSTANTS:
         p.add_argument(flag, type=types[kind], default=getattr(d, field), metavar="X", help=text)
     p.add_argument(
@@ -303,12 +303,12 @@ def check(args) -> None:
     if args.calibrate:
         if given:
             flag = "--" + next(iter(given)).replace("_", "-")
-            flags.usage_error(args.prog, f"--calibrate: fits every constant; leave out {flag}")
+            checks.usage_error(args.prog, f"--calibrate: fits every constant; leave out {flag}")
         path, doc = args.calibrate["path"], args.calibrate["doc"]
         try:
             args.fit = calibrate(doc, args.hc_mult, name=f"fitted to {path}")
         except ValueError as e:
-            flags.usage_error(args.prog, f"--calibrate {path}: {e}")
+            checks.usage_error(args.prog, f"--calibrate {path}: {e}")
         args.machine = args.fit.machine
     elif given:
         changed = ", ".join(f"--{k.replace('_', '-')} {fmt_number(v)}" for k, v in given.items())

@@ -30,12 +30,13 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 
 def environment(device: torch.device) -> dict:
-    from . import allocator
+    from . import allocator, machine
 
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu": machine.cpu_model(),
         "cpu_threads": torch.get_num_threads(),
         "device": str(device),
         "allocator": allocator.IN_USE or allocator.describe(),

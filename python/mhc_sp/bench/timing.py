@@ -5,12 +5,13 @@ bandwidth measured in the same run (the yardstick for bandwidth-bound ops)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -28,9 +29,6 @@ class Timing:
     p90: float
     repeats: int
     graph: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _summarise(samples: list[float]) -> Timing:
@@ -116,6 +114,16 @@ def copy_call(nbytes: int, device: torch.device) -> Callable[[], object]:
     return lambda: torch.empty_like(src).copy_(src)
 
 
+#: Untimed calls of each way before its first sample: --warmup calls and then at least this
+#: long, the same count on every rank (the first calls fault in pages, fill the caches and the
+#: allocator's free lists; samples taken before that spread wide).
+WARMUP_S = 0.02
+#: A sample is a burst of back-to-back calls about ``burst_s`` long, of at most this many calls:
+#: a call of tens of us is timed over milliseconds, so that the ranks' skew leaving the barrier,
+#: a wake-up or a timer tick is shared out over many calls.
+BURST_CALLS = 128
+
+
 def sample_across_ranks(
     cases: dict,
     device: torch.device,
@@ -171,9 +179,14 @@ def sample_across_ranks(
     # The ways of a case share one burst length, so that the ranks' skew leaving the barrier is
     # spread over as many calls for each of them.
     burst = {
-        case: max(1, min(32, int(burst_s / max(t, 1e-9))))
+        case: max(1, min(BURST_CALLS, int(burst_s / max(t, 1e-9))))
         for case, t in zip(cases, fastest.tolist())
     }
+    for case, t in zip(cases, fastest.tolist()):  # the rest of the warm-up, by time
+        for way, fn in cases[case].items():
+            with named(case, way):
+                for _ in range(min(2 * BURST_CALLS, math.ceil(WARMUP_S / max(t, 1e-9)))):
+                    fn()
     samples = {case: {way: [] for way in ways} for case, ways in cases.items()}
 
     def sample(case, r: int, k: int) -> None:
@@ -192,19 +205,24 @@ def sample_across_ranks(
             samples[case][way].append((time.perf_counter() - start) / calls)
 
     todo, done, planned = list(cases), 0, repeats
-    while todo:
-        for r in range(done, done + repeats):
-            for k, case in enumerate(todo):
-                sample(case, r, k)
-            if progress is not None:
-                progress(r + 1, planned)
-        done += repeats
-        if unsettled is None or done + repeats > max_repeats:
-            break
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, {case: samples[case] for case in todo})
-        todo = [case for case in todo if unsettled([rank[case] for rank in everyone])]
-        planned = done + (repeats if todo else 0)
+    gc.collect()
+    gc.disable()  # a collection inside a burst would be timed as the boundary's
+    try:
+        while todo:
+            for r in range(done, done + repeats):
+                for k, case in enumerate(todo):
+                    sample(case, r, k)
+                if progress is not None:
+                    progress(r + 1, planned)
+            done += repeats
+            if unsettled is None or done + repeats > max_repeats:
+                break
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, {case: samples[case] for case in todo})
+            todo = [case for case in todo if unsettled([rank[case] for rank in everyone])]
+            planned = done + (repeats if todo else 0)
+    finally:
+        gc.enable()
     return samples
 
 
@@ -278,21 +296,30 @@ class Sampling:
         return cls(args.warmup, args.repeats, args.device, args.threads, args.profile, args.trace)
 
     def rank_device(self, rank: int, world: int) -> torch.device:
-        """This rank's device, its CPU rank bound to its own cores (:func:`pin_rank`)."""
+        """This rank's device, its CPU rank bound to its own cores (:func:`pin_rank`). Called
+        once the rank's transports are set up: the shm transport chooses how long a wait spins
+        before it sleeps from the cores its rank may use at that moment, and a rank already
+        bound to one core would make every wait sleep almost at once (a wake-up of tens of us,
+        as variable, in every exchange)."""
         if self.device_type == "cpu":
             pin_rank(rank, world, torch.get_num_threads())
         return rank_device(self.device_type)
 
-    def sample(self, rank: int, cases: dict, name: str, label, **extend) -> dict:
+    def sample(self, rank: int, cases: dict, name: str, label, repeats: int = 0, **extend) -> dict:
         """:func:`sample_across_ranks` of ``cases`` with its phase ``label``, rank 0 showing
-        progress (as ``name``) and feeding the profiler; ``extend``: its ``unsettled`` and
-        ``max_repeats``."""
-        show = Progress(f"{name}: rounds", self.repeats) if rank == 0 else None
-        with profiled(self.profile if rank == 0 else None, self.trace):
-            device = rank_device(self.device_type)
-            return sample_across_ranks(
-                cases, device, self.warmup, self.repeats, progress=show, label=label, **extend
-            )
+        progress (as ``name``); ``repeats``: rounds (0: --repeats); ``extend``: its
+        ``unsettled`` and ``max_repeats``. Called inside :meth:`profiled`."""
+        repeats = repeats or self.repeats
+        show = Progress(f"{name}: rounds", repeats) if rank == 0 else None
+        device = rank_device(self.device_type)
+        return sample_across_ranks(
+            cases, device, self.warmup, repeats, progress=show, label=label, **extend
+        )
+
+    def profiled(self, rank: int):
+        """The region a rank measures in: rank 0 feeds the profiler of --profile (which writes
+        its trace on leaving, so no collective may follow inside)."""
+        return profiled(self.profile if rank == 0 else None, self.trace)
 
 
 def run_ranks(prog: str, world: int, fn, how: Sampling, *args):

@@ -10,13 +10,18 @@ sweep, on -tp ranks (shared memory or gloo on CPU, symm or NCCL on GPUs), both w
   without SP (replicated):  all-reduce the partial, mHC post + pre on all T tokens on every rank.
 
 Every round takes one sample of both ways at every count, the two ways back to back in
-alternating order, so that a shared machine's drift hits all of them alike; a sample is as slow
-as its slowest rank. Times are medians with their p10-p90 spread; the speedup is the median of
-the paired ratios (without / with) with its 95% confidence interval. SP counts as faster at a
-count only when that whole interval lies above 1.0, and the recommended threshold is the
-smallest count from which SP is faster at that count and at every larger one, above
---max-cudagraph-capture-size (SP never engages on a captured size). Where no count qualifies,
-the verdict says so and what would settle it.
+alternating order, so that a shared machine's drift hits all of them alike; a sample is a burst
+of back-to-back calls (milliseconds, however short one call is), as slow as its slowest rank.
+Times are medians with their p10-p90 spread; the speedup is the median of the paired ratios
+(without / with SP) with its 95% confidence interval. Differences under 5% are within the
+measurement's resolution: SP counts as faster at a count only when that whole interval lies above
+1.05, slower when below 0.95, equivalent when within 0.95-1.05, and not settled otherwise (such
+counts get more rounds). The recommended threshold is the smallest count from which SP is faster
+at that count and at every larger one, above --max-cudagraph-capture-size (SP never engages on a
+captured size); the counts below it where the two are not told apart form the band, and the
+verdict says what choosing the band's lower end would cost. Before deciding, the counts between
+the threshold and the next smaller measured count (powers of two) are measured too, with four
+times the rounds. Where no count qualifies, the verdict says so.
 
 mhc-sp-bench project --calibrate FILE fits the analytical cost model to the --json file of a
 tune run, to estimate other sizes."""
@@ -30,8 +35,8 @@ import textwrap
 import torch
 
 from ..config import EngineArgs
-from . import decide, flags, report
-from .layer_cmd import boundary_case
+from . import checks, decide, flags, machine, report
+from .boundary import boundary_case, check_ranks
 from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
 
 #: The sweep of ``tune`` (decode sizes to long prefill chunks).
@@ -61,58 +66,64 @@ def register(subparsers) -> None:
 def check(args) -> None:
     tp = args.tensor_parallel_size
     if tp < 2:
-        flags.usage_error(args.prog, f"--tensor-parallel-size: SP needs at least 2 ranks, got {tp}")
+        checks.usage_error(
+            args.prog, f"--tensor-parallel-size: SP needs at least 2 ranks, got {tp}"
+        )
     check_ranks(args.prog, args.device, tp, args.transport)
     capture = args.max_cudagraph_capture_size
     args.tokens = sorted(set(args.tokens) | ({capture + 1} if capture else set()))
-    args.threads = flags.threads_per_rank(tp, args.threads) if args.device == "cpu" else 1
+    args.threads = machine.threads_per_rank(tp, args.threads) if args.device == "cpu" else 1
     if args.device == "cpu":  # every count's inputs stay on every rank for the whole run
-        need = tp * sum(flags.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
-        flags.check_memory(args.prog, need, "--tokens, --hidden-size")
-
-
-def check_ranks(prog: str, device: str, ranks: int, transports) -> None:
-    """Enough GPUs for the ranks, and transports that serve the device."""
-    from ..distributed import TRANSPORTS
-
-    if device == "cuda" and ranks > torch.cuda.device_count():
-        flags.usage_error(
-            prog,
-            f"--tensor-parallel-size {ranks} needs that many GPUs, found "
-            f"{torch.cuda.device_count()}",
-        )
-    for t in [transports] if isinstance(transports, str) else transports:
-        if t not in TRANSPORTS[device]:
-            flags.usage_error(
-                prog,
-                f"--transport {t}: does not serve {device} ranks; choose from "
-                f"{', '.join(TRANSPORTS[device])}",
-            )
+        need = tp * sum(checks.case_bytes(T, args.hidden_size, args.hc_mult) for T in args.tokens)
+        checks.check_memory(args.prog, need, "--tokens, --hidden-size")
 
 
 # ---- measuring ------------------------------------------------------------------------------
 
 
 def _measure(
-    rank: int, world: int, how: Sampling, tokens: list[int], H: int, n: int, transport: str
+    rank: int,
+    world: int,
+    how: Sampling,
+    tokens: list[int],
+    H: int,
+    n: int,
+    transport: str,
+    max_capture: int,
 ) -> dict:
-    """This rank's samples of both ways at every count (:func:`sample_across_ranks`)."""
+    """This rank's samples of both ways at every count (:func:`sample_across_ranks`): the sweep,
+    then the counts :func:`decide.refine_between` names between the band and the threshold."""
+    import torch.distributed as dist
+
     import mhc_sp.distributed as msd
 
-    device = how.rank_device(rank, world)
     group = msd.init(device=how.device_type, transport=transport)
-    cases = {}
-    for T in tokens:
-        paths = boundary_case(T, H, n, rank, world, group, device)
-        cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
-    samples = how.sample(
-        rank,
-        cases,
-        "tune",
-        lambda T, way: f"tune T={T}",
-        unsettled=unsettled,
-        max_repeats=EXTEND * how.repeats,
-    )
+    device = how.rank_device(rank, world)  # after the transport: see Sampling.rank_device
+
+    def measure(counts: list[int], name: str, repeats: int) -> dict:
+        cases = {}
+        for T in counts:
+            paths = boundary_case(T, H, n, rank, world, group, device)
+            cases[T] = {"sharded": paths["fused_sharded"], "replicated": paths["fused_replicated"]}
+        return how.sample(
+            rank,
+            cases,
+            name,
+            lambda T, way: f"tune T={T}",
+            repeats=repeats,
+            unsettled=unsettled,
+            max_repeats=EXTEND * how.repeats,
+        )
+
+    with how.profiled(rank):
+        samples = measure(tokens, "tune", how.repeats)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, samples)  # every rank decides alike on the same samples
+        rows = rows_from_samples([{"samples": s} for s in everyone], tokens)
+        finer = decide.refine_between(rows, max_capture)
+        if finer:  # the most rounds at once: these counts sit where the decision is made
+            near = f"tune: {decide.tokens_text(finer)} (near the crossover)"
+            samples |= measure(finer, near, EXTEND * how.repeats)
     return {"transport": msd.transport(group, how.device_type), "samples": samples}
 
 
@@ -129,9 +140,9 @@ def slowest(per_rank_case: list[dict]) -> dict:
 
 
 def unsettled(per_rank_case: list[dict]) -> bool:
-    """Whether one count's speedup interval still includes 1.0 (it gets more rounds)."""
+    """Whether one count is not settled by :func:`decide.classify` (it gets more rounds)."""
     _, lo, hi = speedup(slowest(per_rank_case))
-    return lo <= 1.0 <= hi
+    return decide.classify({"speedup_lo_x": lo, "speedup_hi_x": hi}) == decide.UNSETTLED
 
 
 def rows_from_samples(per_rank: list[dict], tokens: list[int]) -> list[dict]:
@@ -154,7 +165,7 @@ def rows_from_samples(per_rank: list[dict], tokens: list[int]) -> list[dict]:
 
 def run(args) -> int:
     tp, H, device = args.tensor_parallel_size, args.hidden_size, torch.device(args.device)
-    flags.warn_oversubscribed(args.prog, tp, args.threads)
+    machine.warn_oversubscribed(args.prog, tp, args.threads)
     print(
         f"tune: timing one layer boundary with and without SP at {len(args.tokens)} token "
         f"counts on {tp} {device.type} ranks, {args.repeats} rounds (starting the ranks takes "
@@ -171,10 +182,11 @@ def run(args) -> int:
         H,
         args.hc_mult,
         args.transport,
+        args.max_cudagraph_capture_size,
     )
     if per_rank is None:
         return 1
-    rows = rows_from_samples(per_rank, args.tokens)
+    rows = rows_from_samples(per_rank, sorted(per_rank[0]["samples"]))
     capture = args.max_cudagraph_capture_size
     threshold = decide.recommend(rows, capture)
     doc = report.document(
@@ -192,7 +204,9 @@ def run(args) -> int:
             "interval": f"{decide.CONFIDENCE:.0%} confidence interval of the median paired ratio",
             "max_cudagraph_capture_size": capture,
             "recommended_sp_threshold": threshold,
-            "verdict": decide.verdict(rows, threshold, tp, capture, args.repeats),
+            "margin": decide.MARGIN,
+            "band_tokens": [r["tokens"] for r in decide.band(rows, threshold, capture)],
+            "verdict": decide.verdict(rows, threshold, tp, capture),
         },
         argv=args.argv,
     )
@@ -220,7 +234,7 @@ def present(doc: dict) -> tuple:
         report.spread_col("sharded_ms", "with SP, ms"),
         report.spread_col("replicated_ms", "without SP, ms"),
         report.interval_col("speedup, x", "speedup_x", "speedup_lo_x", "speedup_hi_x"),
-        report.col("faster"),
+        ("faster", decide.classify),  # by today's rule, also for a file recorded before it
         report.col("rounds"),
     ]
     said = decide.verdict(
@@ -228,7 +242,6 @@ def present(doc: dict) -> tuple:
         doc["recommended_sp_threshold"],
         doc["tensor_parallel_size"],
         doc["max_cudagraph_capture_size"],
-        doc["repeats"],
     )
     verdict = [part for line in said for part in wrap(line)]
     return intro, columns, verdict, plot

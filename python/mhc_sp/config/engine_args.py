@@ -19,52 +19,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from .arg_types import non_negative_int, optional_token_count, positive_int
 from .compilation import CompilationConfig
 from .engine import EngineConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP
-from .parallel import MAX_NUM_TOKENS, ParallelConfig
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def optional_token_count(text: str) -> Optional[int]:
-    """argparse type: an integer in ``[1, MAX_NUM_TOKENS]``, or None for ``"None"`` or ``""``
-    (the engine's optional integers read those two as None)."""
-    if text in ("", "None"):
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer or None, got {text!r}"
-        ) from None
-    if not 1 <= value <= MAX_NUM_TOKENS:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer at most {MAX_NUM_TOKENS} (2**31 - 1, the most tokens "
-            f"a forward can have) or None, got {text!r}"
-        )
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+from .parallel import ParallelConfig
 
 
 def default_num_heads(hidden_size: int) -> int:
