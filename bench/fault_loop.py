@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: tests.helpers is imported from the root
 
-from mhc_sp.launch import run_world  # noqa: E402
+from mhc_sp.local_world import run_world  # noqa: E402
 from tests.helpers import faults as F  # noqa: E402
 
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from mhc_sp import ops  # noqa: E402
 from mhc_sp import reference as R  # noqa: E402
-from mhc_sp.launch import run_world  # noqa: E402
+from mhc_sp.local_world import run_world  # noqa: E402
 from mhc_sp.testing import pre_weights, random_inputs  # noqa: E402
 
 PATHS = ("shm", "gloo", "math_alone")

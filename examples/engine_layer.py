@@ -428,9 +428,9 @@ def sublayers_way(s: Setup):
 
 
 def measure(tp, cases, H, layers, inter, warmup, repeats, keep_traces=False, start="spawn"):
-    """:func:`time_rank` on ``tp`` CPU ranks started by ``mhc_sp.launch.run_world`` (``start``:
+    """:func:`time_rank` on ``tp`` CPU ranks started by ``mhc_sp.local_world.run_world`` (``start``:
     its "spawn" or "forkserver"); returns the per-rank results."""
-    from mhc_sp.launch import run_world
+    from mhc_sp.local_world import run_world
 
     args = (cases, H, layers, inter, warmup, repeats, keep_traces)
     return run_world(tp, time_rank, *args, timeout=3600, start=start)

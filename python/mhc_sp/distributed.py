@@ -396,7 +396,7 @@ def destroy() -> None:
     or aborted after a failure; a communicator an op is still using goes when that op is done.
     Also runs at interpreter exit (an :mod:`atexit` hook), while the CUDA runtime is certainly
     alive; processes that end without exit hooks (``os._exit``, multiprocessing's fork and
-    forkserver children) should call it themselves, as ``mhc_sp.launch`` does."""
+    forkserver children) should call it themselves, as ``mhc_sp.local_world`` does."""
     _C.unregister_all_groups()
     _transport_choice.forget()
 

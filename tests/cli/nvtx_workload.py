@@ -125,7 +125,7 @@ def world_worker(rank: int, world: int) -> None:
 
 def main() -> None:
     from mhc_sp.bench import cli
-    from mhc_sp.launch import run_world
+    from mhc_sp.local_world import run_world
     from mhc_sp.profiling import use_nvtx_recorder
 
     folder = Path(sys.argv[1])

@@ -121,7 +121,7 @@ def no_work(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("work started before the flags were checked")
 
-    monkeypatch.setattr("mhc_sp.launch.run_world", refuse)  # tune, layer, comm
+    monkeypatch.setattr("mhc_sp.local_world.run_world", refuse)  # tune, layer, comm
     monkeypatch.setattr("mhc_sp.bench.model_cmd.run_world", refuse)
     monkeypatch.setattr("mhc_sp.bench.ops_cmd.measure", refuse)
 

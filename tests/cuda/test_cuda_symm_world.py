@@ -19,7 +19,7 @@ import torch
 from mhc_sp import _C, ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from mhc_sp.testing import pre_weights, random_inputs
 from tests.helpers.boundaries import (
     boundary_cases,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mhc_sp import ops
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from mhc_sp.testing import pre_weights, random_inputs
 from tests.helpers.boundaries import boundary_cases, worker_fused_ops
 from tests.helpers.reporting_ranks import run_reporting_ranks

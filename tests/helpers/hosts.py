@@ -4,7 +4,7 @@ its own (network, UTS for its hostname, mount with a private /dev/shm), made wit
 ``unshare --net --uts --mount``, and the hosts are joined by a veth pair whose addresses the
 harness assigns inside those namespaces; traffic never leaves them. A driver process in each host
 (``python -m tests.helpers.hosts drive ...`` from the repository root, entered with nsenter)
-starts that host's ranks of one world with mhc_sp.launch.run_world and writes their results as
+starts that host's ranks of one world with mhc_sp.local_world.run_world and writes their results as
 JSON. Needs root (namespaces, mounts, links); tests skip without it. Used by
 tests/transport/test_hosts.py and bench/hosts_check.py."""
 
@@ -306,7 +306,7 @@ def drive(argv: list[str]) -> int:
     p.add_argument("--cut", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from mhc_sp.launch import run_world
+    from mhc_sp.local_world import run_world
 
     ranks = [int(r) for r in args.ranks.split(",")]
     results = run_world(

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mhc_sp.launch import free_port
+from mhc_sp.local_world import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "REPORT "

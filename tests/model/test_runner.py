@@ -12,7 +12,7 @@ import torch
 
 import mhc_sp.distributed as msd
 from mhc_sp.config import CompilationConfig, EngineConfig, ParallelConfig, PassConfig
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from mhc_sp.runner import (
     ForwardPlan,
     ModelRunner,

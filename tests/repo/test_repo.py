@@ -31,7 +31,7 @@ SYS_PATH_EDIT = re.compile(r"sys\.path\s*(\.(insert|append|extend)\(|(\[[^\]]*\]
 def test_torchrun_example_runs():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    from mhc_sp.launch import free_port
+    from mhc_sp.local_world import free_port
 
     out = subprocess.run(
         [

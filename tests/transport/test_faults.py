@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from tests.helpers import faults as F
 
 pytestmark = pytest.mark.distributed

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from tests.helpers import hosts as H
 
 pytestmark = pytest.mark.distributed

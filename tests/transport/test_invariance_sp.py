@@ -10,7 +10,7 @@ import torch
 
 from mhc_sp import ops
 from mhc_sp import reference as R
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
 
 pytestmark = pytest.mark.distributed

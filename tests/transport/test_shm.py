@@ -18,7 +18,7 @@ import mhc_sp.distributed as msd
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import ParallelConfig
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
 from tests.helpers.boundaries import partials_for
 

@@ -19,7 +19,7 @@ import torch
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
-from mhc_sp.launch import COLLECTIVE_TIMEOUT_S, run_world
+from mhc_sp.local_world import COLLECTIVE_TIMEOUT_S, run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
 from tests.helpers.boundaries import (
     boundary_cases,

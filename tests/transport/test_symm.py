@@ -371,7 +371,7 @@ def test_fused_ops_on_symm_match_reference(world):
     # the sums bit for bit reference.sum_partials. Needs `world` GPUs with peer access.
     if not peer_gpus(world):
         pytest.skip(f"{world} GPUs with peer access needed")
-    from mhc_sp.launch import run_world
+    from mhc_sp.local_world import run_world
     from tests.helpers.boundaries import boundary_cases, worker_fused_ops
 
     results = run_world(

@@ -11,7 +11,7 @@ import textwrap
 import torch
 
 from mhc_sp import ops
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from tests.helpers.reporting_ranks import run_reporting_ranks
 
 SEGMENT = "/dev/shm/mhc_sp_"  # the shm workspaces' segments (new_shm_segment_name)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from mhc_sp.launch import run_world
+from mhc_sp.local_world import run_world
 from tests.helpers.boundaries import worker_fused_ops
 
 pytestmark = pytest.mark.distributed

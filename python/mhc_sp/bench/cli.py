@@ -24,7 +24,7 @@ import time
 from types import ModuleType
 from typing import Optional, Sequence
 
-from ..launch import Stopped, stop_on_signals
+from ..local_world import Stopped, stop_on_signals
 from . import allocator, checks, flags, machine
 from .report import PROG
 

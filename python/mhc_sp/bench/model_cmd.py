@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Optional
 
 from ..config import EngineArgs, EngineConfig, arg_types
-from ..launch import run_world
+from ..local_world import run_world
 from ..profiling import profiled
 from . import checks, flags, machine, report
 

@@ -326,7 +326,7 @@ def run_ranks(prog: str, world: int, fn, how: Sampling, *args):
     """``fn(rank, world, how, *args)`` on ``world`` spawned ranks (gloo on CPU; one GPU per rank
     with NCCL on CUDA); returns the per-rank results, or None when a rank failed (its traceback
     is printed: that is a fault to report, not a usage error)."""
-    from ..launch import run_world
+    from ..local_world import run_world
 
     backend = "cpu:gloo,cuda:nccl" if how.device_type == "cuda" else "gloo"
     try:
