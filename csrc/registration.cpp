@@ -13,10 +13,10 @@
 #endif
 
 #include "mhc_sp/comm.h"
-#include "mhc_sp/kernels.h"
-#include "mhc_sp/nvtx.h"
+#include "mhc_sp/detail/kernels.h"
+#include "mhc_sp/detail/nvtx.h"
 #include "mhc_sp/ops.h"
-#include "mhc_sp/python_errors.h"
+#include "mhc_sp/detail/python_errors.h"
 #include "transport/gloo/transport.h"
 #include "transport/shm/transport.h"
 #include "transport/symm/transport.h"

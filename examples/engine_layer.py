@@ -167,25 +167,17 @@ class EngineLayer:
 
     def forward(self, x, residual, post_mix, res_mix, is_sp_sharded: bool, trace=None):
         w, comm = self.w, self.comm
-        residual, post_mix, res_mix, x = compat.mhc_fused_post_pre(
-            x, residual, post_mix, res_mix, **hc_args(w.attn_hc)
-        )
-        if is_sp_sharded:
-            x = comm.all_gather(x)
-        if trace is not None:
-            trace.append((residual, x))
-        x = w.sublayers.attention(x)  # un-reduced partial
-        x = comm.reduce_scatter(x) if is_sp_sharded else comm.all_reduce(x)
-
-        residual, post_mix, res_mix, x = compat.mhc_fused_post_pre(
-            x, residual, post_mix, res_mix, **hc_args(w.ffn_hc)
-        )
-        if is_sp_sharded:
-            x = comm.all_gather(x)
-        if trace is not None:
-            trace.append((residual, x))
-        x = w.sublayers.moe(x)  # un-reduced partial
-        x = comm.reduce_scatter(x) if is_sp_sharded else comm.all_reduce(x)
+        # Attention, then the MoE: each behind the fused post+pre of its own mHC weights.
+        for hc, sublayer in ((w.attn_hc, w.sublayers.attention), (w.ffn_hc, w.sublayers.moe)):
+            residual, post_mix, res_mix, x = compat.mhc_fused_post_pre(
+                x, residual, post_mix, res_mix, **hc_args(hc)
+            )
+            if is_sp_sharded:
+                x = comm.all_gather(x)
+            if trace is not None:
+                trace.append((residual, x))
+            x = sublayer(x)  # un-reduced partial
+            x = comm.reduce_scatter(x) if is_sp_sharded else comm.all_reduce(x)
         return x, residual, post_mix, res_mix
 
 

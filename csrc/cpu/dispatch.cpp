@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Picks the CPU kernel table for the running processor (csrc/cpu/mhc_kernels.cpp is compiled
 // once per instruction set), so the library never executes an instruction the CPU lacks.
-#include "mhc_sp/kernels.h"
+#include "mhc_sp/detail/kernels.h"
 
 namespace mhc_sp {
 namespace cpu {

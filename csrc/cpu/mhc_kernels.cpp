@@ -12,9 +12,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "mhc_sp/kernels.h"
-#include "mhc_sp/coefficients.h"
-#include "mhc_sp/dispatch.h"
+#include "mhc_sp/detail/kernels.h"
+#include "mhc_sp/detail/coefficients.h"
+#include "mhc_sp/detail/dispatch.h"
 
 namespace mhc_sp::cpu {
 namespace CPU_CAPABILITY {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA entry point of hc_head: final collapse with the head weights. Kernels: mhc_sp/cuda/pre.cuh.
+// CUDA entry point of hc_head: final collapse with the head weights. Kernels: cuda/device/pre.cuh.
 
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "cuda/math_launch.cuh"
 
 namespace mhc_sp::cuda {
 

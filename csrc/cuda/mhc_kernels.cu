@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// CUDA entry points of the mHC math ops (mhc_sp::cuda_kernels(), see mhc_sp/kernels.h): thin
-// launchers over the kernels in mhc_sp/cuda/*.cuh; mhc_post is here, the pre family in one
+// CUDA entry points of the mHC math ops (mhc_sp::cuda_kernels(), see mhc_sp/detail/kernels.h): thin
+// launchers over the kernels in cuda/device/*.cuh; mhc_post is here, the pre family in one
 // translation unit per op (csrc/cuda/*.cu). csrc/ops/mhc_ops.cpp has already validated the
 // arguments, allocated the outputs and set the device guard. Everything runs on the current stream;
 // the only allocation is the pre's split-K workspace, from the caching allocator, so the ops never
 // sync with the host and are CUDA-graph capturable.
 
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "cuda/math_launch.cuh"
 
 namespace mhc_sp {
 namespace cuda {

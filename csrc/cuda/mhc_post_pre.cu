@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA entry point of mhc_post_pre: the post (writes residual_out) fused into the next pre.
-// Kernels: mhc_sp/cuda/pre.cuh.
+// Kernels: cuda/device/pre.cuh.
 
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "cuda/math_launch.cuh"
 
 namespace mhc_sp::cuda {
 

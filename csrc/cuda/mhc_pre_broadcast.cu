@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA entry point of mhc_pre_broadcast: first layer, x copied into the n streams. Kernels:
-// mhc_sp/cuda/pre.cuh.
+// cuda/device/pre.cuh.
 
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "cuda/math_launch.cuh"
 
 namespace mhc_sp::cuda {
 

@@ -14,9 +14,9 @@
 #include "emulation/device.h"
 #include "emulation/selftest.h"
 #include "emulation/world.h"
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "cuda/math_launch.cuh"
 #include "mhc_sp/ops.h"
-#include "mhc_sp/python_errors.h"
+#include "mhc_sp/detail/python_errors.h"
 #include "testing/symm_errors.h"
 #include "transport/symm/layout.h"
 
@@ -28,7 +28,7 @@ namespace {
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
-// The production plan of a pre-style op (mhc_sp/cuda/math_launch.cuh) on the emulated device.
+// The production plan of a pre-style op (cuda/math_launch.cuh) on the emulated device.
 py::dict plan_pre(int64_t n, const std::string& mode, int64_t T, int64_t H) {
   TORCH_CHECK_VALUE(T >= 1 && H >= 1, "T, H: expected positive sizes, got ", T, ", ", H);
   cuda::PrePlan p{};

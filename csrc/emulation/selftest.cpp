@@ -3,14 +3,14 @@
 // missing barrier shows, that divergent barriers and warp collectives are reported rather than
 // hung, that a shuffle and the MMA follow the PTX ISA's lane layouts, that blocks waiting for each
 // other make progress, and that a grid beyond the resident blocks cannot wait for itself. They
-// are launched through the production launch path (mhc_sp/cuda/math_launch.cuh).
+// are launched through the production launch path (cuda/math_launch.cuh).
 
 #include "emulation/selftest.h"
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "mhc_sp/boundary_protocol.h"
-#include "mhc_sp/cuda/math_launch.cuh"
+#include "mhc_sp/detail/boundary_protocol.h"
+#include "cuda/math_launch.cuh"
 
 namespace mhc_sp::emulation {
 namespace {

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// The mHC math ops: each entry checks its arguments once (mhc_sp/params.h) and runs its body, which
-// allocates the outputs and calls the kernel table of the tensors' device. One implementation
-// serves the CPU and the CUDA dispatch keys.
+// The mHC math ops: each entry checks its arguments once (mhc_sp/detail/params.h) and runs its
+// body, which allocates the outputs and calls the kernel table of the tensors' device. One
+// implementation serves the CPU and the CUDA dispatch keys.
 
 #include <c10/core/DeviceGuard.h>
 
-#include "mhc_sp/impl.h"
-#include "mhc_sp/nvtx.h"
+#include "mhc_sp/detail/impl.h"
+#include "mhc_sp/detail/nvtx.h"
 #include "mhc_sp/ops.h"
 
 namespace mhc_sp {

@@ -3,16 +3,16 @@
 // every argument is checked once here, at the entry; then a transport that runs whole boundaries
 // in one pass (CPU shm, CUDA symm) takes the fused op, and otherwise the op is composed from the
 // group's collectives (gloo for CPU tensors, NCCL on the current stream for CUDA tensors) and the
-// math ops' bodies (mhc_sp/impl.h). The symm transport composes the same way the calls its kernels
-// do not take. Nothing here synchronises with the host on CUDA.
+// math ops' bodies (mhc_sp/detail/impl.h). The symm transport composes the same way the calls its
+// kernels do not take. Nothing here synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
-#include "mhc_sp/boundary_protocol.h"
+#include "mhc_sp/detail/boundary_protocol.h"
 #include "mhc_sp/comm.h"
-#include "mhc_sp/composed_boundary.h"
-#include "mhc_sp/impl.h"
-#include "mhc_sp/nvtx.h"
+#include "mhc_sp/detail/composed_boundary.h"
+#include "mhc_sp/detail/impl.h"
+#include "mhc_sp/detail/nvtx.h"
 #include "mhc_sp/ops.h"
 
 namespace mhc_sp {

@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "mhc_sp/cuda/leaf_tree.h"
-#include "mhc_sp/params.h"
-#include "mhc_sp/python_errors.h"
+#include "cuda/device/leaf_tree.h"
+#include "mhc_sp/detail/params.h"
+#include "mhc_sp/detail/python_errors.h"
 #include "transport/symm/layout.h"
 
 #if defined(MHC_SP_WITH_CUDA)
@@ -63,7 +63,7 @@ CallHeader header_of(const std::string& op, bool sharded, int64_t rows, int64_t 
   return h;
 }
 
-// The CUDA projection's summation order on the host (mhc_sp/cuda/leaf_tree.h, the same code the
+// The CUDA projection's summation order on the host (cuda/device/leaf_tree.h, the same code the
 // kernels run): `leaves` pushed per_block at a time into a block's tree, the blocks' totals then
 // into the finish's tree. The block's tree is built three ways, its levels split between registers,
 // shared memory and local memory as the kernels split them (hc_mult 4: 3 + 3 + 0; wider leaves:

@@ -15,6 +15,8 @@ from mhc_sp.bench.timing import Timing
 from mhc_sp.testing import OPS, random_inputs
 
 #: A tiny ops run: one shape, few repeats.
+#: The smallest measurement that still times something: one repeat, no warm-up, H = 64.
+QUICK = ["--hidden-size", "64", "--repeats", "1", "--warmup", "0"]
 TINY_OPS = ["ops", "--tokens", "2", "--hidden-size", "64", "--repeats", "2", "--warmup", "0"]
 
 
@@ -97,12 +99,7 @@ def test_ops_budget_leaves_out_later_shapes(tmp_path):
         "ops",
         "--tokens",
         "1,2",
-        "--hidden-size",
-        "64",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
+        *QUICK,
         "--compare",
         "none",
         "--ops",
@@ -267,12 +264,7 @@ def test_model_quick(tmp_path, capsys):
         "4",
         "--num-layers",
         "1",
-        "--hidden-size",
-        "64",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
+        *QUICK,
         "--check",
         "--csv",
         str(csv_path),

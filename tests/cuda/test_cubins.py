@@ -6,7 +6,7 @@ spilled registers), none divides 64-bit integers (read in the embedded PTX), and
 boundary's first kernel lets its programmatic dependent start early while the second waits for it.
 
 Outside the gate, and a matter of speed only: the wide hc_mult instantiations keep the upper
-levels of their projection tree in local memory (kFarLevels in mhc_sp/cuda/pre.cuh), so
+levels of their projection tree in local memory (kFarLevels in cuda/device/pre.cuh), so
 project_kernel<5..8> and symm_lamport_layer_kernel / symm_sharded_layer_kernel<5..8> have stack
 frames of 0.8-2.2 KB (832-2,160 bytes for sm_90a with nvcc 13.0), reached once every
 2^(kRegLevels + kSmemLevels) chunks; finish_kernel<3> (8-16 bytes) and

@@ -18,7 +18,7 @@ CFG = MhcConfig()
 
 U = 2.0**-24  # fp32's unit roundoff
 # The fp32 evaluation of the coefficients from the projection (sigmoid, the softmax and Sinkhorn
-# iterations, mhc_sp/coefficients.h), in units of U * |value|: evaluating the float64 mix in fp32
+# iterations, mhc_sp/detail/coefficients.h), in units of U * |value|: evaluating the float64 mix in fp32
 # misses by at most 4.3 (post) and 16.9 (comb), rms 0.73 and 2.3 (2048 tokens, seed 5); the
 # bounds allow twice the largest and about the rms.
 EVAL_WORST = {"post": 8.0, "comb": 32.0}
@@ -27,7 +27,7 @@ EVAL_TYPICAL = {"post": 1.0, "comb": 3.0}
 
 def cuda_projection_depths(n: int, H: int) -> tuple[int, int]:
     """Roundings on the longest path of one mix value and of the sum of squares in the CUDA
-    projection (csrc/include/mhc_sp/cuda/pre.cuh, mhc_pre with hc_mult n): per chunk of HC hidden
+    projection (csrc/cuda/device/pre.cuh, mhc_pre with hc_mult n): per chunk of HC hidden
     positions of every stream, KC / 16 tensor-core dot products of 16 values each, from zero; each
     is a 16-term sum inside the tensor core, whose own (not IEEE) rounding is counted as 2 x 17
     roundings; then hi + (mid + lo) (2), then added one after another into the chunk's leaf

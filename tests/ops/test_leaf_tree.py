@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CUDA projection's summation order, on the host: mhc_sp._testing.leaf_tree_sum runs the
-kernels' own LeafTree (csrc/include/mhc_sp/cuda/leaf_tree.h, registers and shared-memory levels)
+kernels' own LeafTree (csrc/cuda/device/leaf_tree.h, registers and shared-memory levels)
 with a block's leaves pushed per_block at a time and the blocks' totals added by the finish's
 tree. It must give bitwise the pairwise tree of a stack model written here (each push merges the
 two top nodes once per trailing zero bit of the count; the total adds the rest from the top down),

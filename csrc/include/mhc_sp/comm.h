@@ -9,7 +9,7 @@
 // (csrc/transport/symm/). A world of one needs none ("local"). The registry
 // (csrc/transport/registry.cpp) owns each transport; an op holds it for its call. Each transport's
 // factory and setup bindings are in its own folder (transport/<name>/transport.h); the boundary
-// composed from the collectives is in mhc_sp/composed_boundary.h.
+// composed from the collectives is in mhc_sp/detail/composed_boundary.h.
 
 #include <ATen/ATen.h>
 
@@ -18,7 +18,7 @@
 #include <string>
 #include <tuple>
 
-#include "mhc_sp/params.h"
+#include "mhc_sp/detail/params.h"
 
 namespace mhc_sp {
 
@@ -79,7 +79,7 @@ class Communicator {
   // out <- sum over ranks of in (same shape)
   virtual void all_reduce(Tensor& out, const Tensor& in) = 0;
   // The one-pass boundary, when the transport has one (else the ops compose the collectives:
-  // mhc_sp/composed_boundary.h).
+  // mhc_sp/detail/composed_boundary.h).
   virtual FusedBoundary* fused() { return nullptr; }
 };
 

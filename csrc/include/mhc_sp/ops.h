@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Every op of docs/design.md §2 as a C++ function, device-generic: the public entries, and the only
-// functions registration.cpp binds. Each checks its arguments once (mhc_sp/params.h) and runs its
-// body (mhc_sp/impl.h): the math ops (csrc/ops/mhc_ops.cpp) the kernel table of the tensors'
-// device, the collectives and fused SP ops (csrc/ops/sp_ops.cpp) the group's transport or the
-// composition of its collectives with the math bodies.
+// functions registration.cpp binds. Each checks its arguments once (mhc_sp/detail/params.h) and
+// runs its body (mhc_sp/detail/impl.h): the math ops (csrc/ops/mhc_ops.cpp) the kernel table of the
+// tensors' device, the collectives and fused SP ops (csrc/ops/sp_ops.cpp) the group's transport or
+// the composition of its collectives with the math bodies.
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The shm transport: the collectives and the one-pass fused boundaries over a group's
-// shared-memory workspace (transport/shm/workspace.h; protocol in mhc_sp/boundary_protocol.h).
+// shared-memory workspace (transport/shm/workspace.h; protocol in
+// mhc_sp/detail/boundary_protocol.h).
 //
 // fused_layer, sharded, on rank r of W (S = ceil(num_tokens / W) rows per shard):
 //   1. copy the partial's num_tokens rows, but for this rank's own tokens, into this rank's
@@ -19,8 +20,8 @@
 #include <cstring>
 #include <vector>
 
-#include "mhc_sp/impl.h"
-#include "mhc_sp/nvtx.h"
+#include "mhc_sp/detail/impl.h"
+#include "mhc_sp/detail/nvtx.h"
 #include "transport/rank_order_sum.h"
 #include "transport/shm/transport.h"
 #include "transport/shm/workspace.h"

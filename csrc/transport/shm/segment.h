@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The POSIX shared-memory segments of the shm transport (mhc_sp/boundary_protocol.h lays them
-// out): create, open, map and unlink one, and read its regions. No protocol logic: the
+// The POSIX shared-memory segments of the shm transport (mhc_sp/detail/boundary_protocol.h lays
+// them out): create, open, map and unlink one, and read its regions. No protocol logic: the
 // workspace (transport/shm/workspace.h) drives the segments.
 
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "mhc_sp/boundary_protocol.h"
+#include "mhc_sp/detail/boundary_protocol.h"
 
 namespace mhc_sp::shm {
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The shm transport's barrier wait (rule 3 of mhc_sp/boundary_protocol.h): arrive, then wait for
-// every peer, spinning through the short waits of balanced ranks and sleeping on the peer's futex
-// word after that, with a liveness probe of the late peer every few milliseconds. The waiter
+// The shm transport's barrier wait (rule 3 of mhc_sp/detail/boundary_protocol.h): arrive, then wait
+// for every peer, spinning through the short waits of balanced ranks and sleeping on the peer's
+// futex word after that, with a liveness probe of the late peer every few milliseconds. The waiter
 // never throws: it reports why it stopped waiting, and the workspace fails (workspace.h).
 
 #include <chrono>

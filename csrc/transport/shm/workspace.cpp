@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The shared-memory workspace: the protocol of mhc_sp/boundary_protocol.h over POSIX segments
-// (transport/shm/segment.h). Everything here is host code; the rows themselves are read and
-// written by transport/shm/communicator.cpp and the CPU kernels.
+// The shared-memory workspace: the protocol of mhc_sp/detail/boundary_protocol.h over POSIX
+// segments (transport/shm/segment.h). Everything here is host code; the rows themselves are read
+// and written by transport/shm/communicator.cpp and the CPU kernels.
 
 #include "transport/shm/workspace.h"
 

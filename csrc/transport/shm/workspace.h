@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// One group's shared-memory workspace on one rank: the protocol of mhc_sp/boundary_protocol.h
-// over a POSIX segment (transport/shm/segment.h) mapped into this process, its barriers waited for
-// by transport/shm/waiter.h, and the calls that run through it.
+// One group's shared-memory workspace on one rank: the protocol of
+// mhc_sp/detail/boundary_protocol.h over a POSIX segment (transport/shm/segment.h) mapped into this
+// process, its barriers waited for by transport/shm/waiter.h, and the calls that run through it.
 
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "mhc_sp/boundary_protocol.h"
+#include "mhc_sp/detail/boundary_protocol.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/waiter.h"
 

@@ -8,7 +8,7 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "mhc_sp/composed_boundary.h"
+#include "mhc_sp/detail/composed_boundary.h"
 #include "transport/symm/kernels.h"
 
 namespace mhc_sp::symm {

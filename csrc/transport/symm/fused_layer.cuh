@@ -66,3 +66,13 @@ void launch_fused_layer_n(const RankView& rank, const LayerArgs& a, const LayerO
 }
 
 }  // namespace mhc_sp::symm
+
+// The explicit instances of launch_fused_layer_n for two hc_mult values: each fused_layer_hc*.cu
+// holds one pair, so that no translation unit of the build dominates it.
+#define MHC_SP_FUSED_LAYER_INSTANCES(A, B)                                                      \
+  namespace mhc_sp::symm {                                                                      \
+  template void launch_fused_layer_n<A>(const RankView&, const LayerArgs&, const LayerOutputs&, \
+                                        cudaStream_t);                                          \
+  template void launch_fused_layer_n<B>(const RankView&, const LayerArgs&, const LayerOutputs&, \
+                                        cudaStream_t);                                          \
+  }

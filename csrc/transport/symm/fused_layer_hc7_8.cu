@@ -1,13 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
 // fused_layer's symm kernels and launchers for hc_mult 7 and 8 (transport/symm/fused_layer.cuh).
-
 #include "transport/symm/fused_layer.cuh"
-
-namespace mhc_sp::symm {
-
-template void launch_fused_layer_n<7>(const RankView&, const LayerArgs&, const LayerOutputs&,
-                                      cudaStream_t);
-template void launch_fused_layer_n<8>(const RankView&, const LayerArgs&, const LayerOutputs&,
-                                      cudaStream_t);
-
-}  // namespace mhc_sp::symm
+MHC_SP_FUSED_LAYER_INSTANCES(7, 8)

@@ -8,8 +8,8 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "mhc_sp/cuda/math_launch.cuh"
-#include "mhc_sp/params.h"
+#include "cuda/math_launch.cuh"
+#include "mhc_sp/detail/params.h"
 #include "transport/symm/device/collective_kernels.cuh"
 #include "transport/symm/device/layer_kernels.cuh"
 #include "transport/symm/kernels.h"

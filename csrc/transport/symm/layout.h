@@ -5,10 +5,10 @@
 // Plain structs and constexpr arithmetic, so host code (transport/symm/host.cpp, tested on CPU) and
 // the kernels (transport/symm/device/) compute the same layout.
 //
-// It follows the boundary protocol (mhc_sp/boundary_protocol.h) with "segment" meaning the set of
-// the group's peer buffers, one per rank, all the same size (torch symmetric memory). Device code
-// prefers remote stores to remote loads (a store over NVLink is fire-and-forget, a load waits a
-// round trip), so what the CPU transport keeps in the writer's slot sits here in the reader's
+// It follows the boundary protocol (mhc_sp/detail/boundary_protocol.h) with "segment" meaning the
+// set of the group's peer buffers, one per rank, all the same size (torch symmetric memory). Device
+// code prefers remote stores to remote loads (a store over NVLink is fire-and-forget, a load waits
+// a round trip), so what the CPU transport keeps in the writer's slot sits here in the reader's
 // buffer, written by the owner of the slot:
 //  - RankControl::arrived of rank p becomes flags[block][p] in every peer's buffer: block `block`
 //    of rank p stores its barrier epoch there (release, system scope) and waits on its own copy
@@ -33,7 +33,7 @@
 
 #include <cstdint>
 
-#include "mhc_sp/boundary_protocol.h"
+#include "mhc_sp/detail/boundary_protocol.h"
 
 namespace mhc_sp::symm {
 

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "mhc_sp/cuda/pre.cuh"
+#include "cuda/device/pre.cuh"
 #include "transport/symm/device/sync.cuh"
 
 namespace mhc_sp::cuda {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Waits, error records and the per-block barrier of the symm kernels (rules 3, 4 and 6 of
-// mhc_sp/boundary_protocol.h; layout in transport/symm/layout.h).
+// mhc_sp/detail/boundary_protocol.h; layout in transport/symm/layout.h).
 //
 // Progress. Blocks wait for blocks of other ranks (mailbox polls, barriers), so every launch is
 // capped to blocks that are resident together (the launcher asks the occupancy calculator; the
@@ -32,7 +32,7 @@
 
 #include <cuda_runtime.h>
 
-#include "mhc_sp/boundary_protocol.h"
+#include "mhc_sp/detail/boundary_protocol.h"
 #include "transport/symm/device/ptx.cuh"
 #include "transport/symm/layout.h"
 

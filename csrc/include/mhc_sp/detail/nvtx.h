@@ -6,8 +6,8 @@
 //
 // MHC_SP_NVTX_RANGE("op") opens `mhc_sp::op` for a whole op: only the public entries open one, and
 // no op calls another's entry (the composed paths and the transports run the bodies of
-// mhc_sp/impl.h), so every range is one op call and none is counted twice. torch.profiler records
-// the op itself (the dispatcher does). MHC_SP_NVTX_PHASE("op/phase") opens a child range
+// mhc_sp/detail/impl.h), so every range is one op call and none is counted twice. torch.profiler
+// records the op itself (the dispatcher does). MHC_SP_NVTX_PHASE("op/phase") opens a child range
 // `mhc_sp::op/phase` for a phase of the op (e.g. fused_layer/exchange, fused_layer/gather), in NVTX
 // and in torch.profiler. The phase names are listed in mhc_sp.profiling.FUSED_PHASES
 // (docs/profiling-nvtx.md).

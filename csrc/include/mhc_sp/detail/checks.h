@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/scalars.h"
 
 namespace mhc_sp {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The pairwise tree that fixes the summation order of the pre family's projection on CUDA
-// (mhc_sp/cuda/pre.cuh). Host and device code: the kernels use it, and a CPU test checks its
+// (cuda/device/pre.cuh). Host and device code: the kernels use it, and a CPU test checks its
 // order against an independent model (mhc_sp._testing.leaf_tree_sum, tests/ops/test_leaf_tree.py).
 
 #include <cstdint>

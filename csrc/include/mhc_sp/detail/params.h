@@ -1,19 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The ops' arguments once checked (docs/design.md §2). Each public entry (mhc_sp/ops.h) checks its
-// tensors and scalars exactly once, into the structs below; the bodies (mhc_sp/impl.h), the
+// tensors and scalars exactly once, into the structs below; the bodies (mhc_sp/detail/impl.h), the
 // composed boundaries and the transports take only these, so no argument is checked twice and no
-// op calls another op's entry. The kernel parameter structs (mhc_sp/kernels.h) are built from them
-// here, in one place, for every caller: the math ops, the shm and the symm transports.
+// op calls another op's entry. The kernel parameter structs (mhc_sp/detail/kernels.h) are built
+// from them here, in one place, for every caller: the math ops, the shm and the symm transports.
 
 #include <ATen/ATen.h>
 
 #include <optional>
 #include <tuple>
 
-#include "mhc_sp/checks.h"
-#include "mhc_sp/kernels.h"
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/checks.h"
+#include "mhc_sp/detail/kernels.h"
+#include "mhc_sp/detail/scalars.h"
 
 namespace mhc_sp {
 

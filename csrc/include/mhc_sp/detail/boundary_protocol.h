@@ -143,7 +143,7 @@ struct alignas(kAlign) CallHeader {
   // of a rank pairs with block b of every other at each barrier and reads what they moved.
   uint32_t blocks;            // grid of the call's (first) kernel
   uint32_t finish_blocks;     // grid of its second kernel (the sharded boundary's finish), or 0
-  uint32_t chunks_per_split;  // the pre's H-chunks per block (mhc_sp/cuda/math_launch.cuh plan_pre)
+  uint32_t chunks_per_split;  // the pre's H-chunks per block (cuda/math_launch.cuh plan_pre)
   uint32_t unused;
 };
 

@@ -5,7 +5,7 @@
 // when the vector path is allowed) and every output element written once; fp32 math, bf16 (RNE)
 // out.
 
-#include "mhc_sp/cuda/common.cuh"
+#include "cuda/device/common.cuh"
 
 namespace mhc_sp::cuda {
 

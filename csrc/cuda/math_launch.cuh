@@ -14,10 +14,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "mhc_sp/cuda/post.cuh"
-#include "mhc_sp/dispatch.h"
-#include "mhc_sp/cuda/pre.cuh"
-#include "mhc_sp/kernels.h"
+#include "cuda/device/post.cuh"
+#include "mhc_sp/detail/dispatch.h"
+#include "cuda/device/pre.cuh"
+#include "mhc_sp/detail/kernels.h"
 
 namespace mhc_sp::cuda {
 

@@ -11,7 +11,7 @@
 // exactly once), multiplies them on the tensor cores and also sums their squares. K is split
 // over blocks (split-K along H) so that small T still fills the GPU; each block writes its
 // partial sums to a workspace. finish_group then adds the partials, computes the coefficients
-// (Sinkhorn in registers, mhc_sp/coefficients.h) and collapses the token's streams into the
+// (Sinkhorn in registers, mhc_sp/detail/coefficients.h) and collapses the token's streams into the
 // bf16 layer input with the fused RMSNorm.
 //
 // Summation order (batch invariance, docs/design.md §3b). A token's mix and sum of squares are
@@ -32,10 +32,10 @@
 // for the tile. Otherwise a second kernel runs the finish with one block per 4 tokens, so the
 // collapse is spread over the whole GPU.
 
-#include "mhc_sp/coefficients.h"
-#include "mhc_sp/cuda/common.cuh"
-#include "mhc_sp/cuda/post.cuh"
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/coefficients.h"
+#include "cuda/device/common.cuh"
+#include "cuda/device/post.cuh"
+#include "mhc_sp/detail/scalars.h"
 
 namespace mhc_sp::cuda {
 

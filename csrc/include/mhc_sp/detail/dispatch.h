@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/scalars.h"
 
 namespace mhc_sp {
 

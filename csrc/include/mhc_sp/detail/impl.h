@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The ops' bodies on checked arguments (mhc_sp/params.h): no argument checks and no profiler
+// The ops' bodies on checked arguments (mhc_sp/detail/params.h): no argument checks and no profiler
 // ranges. Each public entry (mhc_sp/ops.h) checks its arguments once and calls its body; the
 // composed boundaries (csrc/ops/sp_ops.cpp) and the transports call only these, so that every op
 // call is one NVTX range and its arguments are checked once. Outputs as docs/design.md §2 gives
@@ -10,7 +10,7 @@
 
 #include <tuple>
 
-#include "mhc_sp/params.h"
+#include "mhc_sp/detail/params.h"
 
 namespace mhc_sp {
 

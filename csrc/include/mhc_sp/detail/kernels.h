@@ -2,7 +2,7 @@
 #pragma once
 // Every kernel entry point of the mHC math ops, by backend. The ops' bodies (csrc/ops/mhc_ops.cpp)
 // and the shm transport call the KernelTable of the tensors' device with parameters built from
-// checked arguments (mhc_sp/params.h): raw pointers, no checks.
+// checked arguments (mhc_sp/detail/params.h): raw pointers, no checks.
 //   CPU   csrc/cpu/mhc_kernels.cpp, compiled once per instruction set into mhc_sp::cpu::<ISA>
 //         (functions named as the table's fields, and that ISA's `table`); csrc/cpu/dispatch.cpp
 //         picks the best one the processor supports.
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/scalars.h"
 
 namespace mhc_sp {
 

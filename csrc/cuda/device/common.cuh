@@ -2,7 +2,7 @@
 #pragma once
 // Device helpers shared by the mHC CUDA kernels: raw bf16 packs (16-byte vectors or single
 // values), round-to-nearest-even conversion, a block-wide sum and the bf16 tensor-core MMA (the
-// pairwise tree that fixes the projection's summation order is in mhc_sp/cuda/leaf_tree.h).
+// pairwise tree that fixes the projection's summation order is in cuda/device/leaf_tree.h).
 // bf16 data is handled as raw uint16_t bits: c10::BFloat16 and __nv_bfloat16 are both plain
 // 2-byte values, so the launchers reinterpret the pointers.
 
@@ -11,11 +11,11 @@
 
 #include <cstdint>
 
-#include "mhc_sp/cuda/leaf_tree.h"
+#include "cuda/device/leaf_tree.h"
 
 namespace mhc_sp::cuda {
 
-// The mHC op a pre-style kernel instance computes (see PreParams in mhc_sp/kernels.h).
+// The mHC op a pre-style kernel instance computes (see PreParams in mhc_sp/detail/kernels.h).
 enum class Mode : int {
   Pre,        // mhc_pre: project + collapse the input stream
   PostPre,    // mhc_post_pre: post writes residual_out, which is projected and collapsed

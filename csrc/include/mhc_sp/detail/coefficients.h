@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "mhc_sp/scalars.h"
+#include "mhc_sp/detail/scalars.h"
 
 #if defined(__CUDACC__)
 #define MHC_HD __host__ __device__ __forceinline__
