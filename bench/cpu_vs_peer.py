@@ -110,8 +110,12 @@ int main(int argc, char** argv) {
 
 def build_peer(src: Path, isa: str, out: Path) -> Path:
     """The peer's library, compiled from ``src`` (mhc.cpp, register.cpp) for ``isa`` into
-    ``out`` against this python's torch."""
+    ``out`` against this python's torch; kept from an earlier run while newer than the sources."""
     tdir = Path(torch.__file__).parent
+    lib = out / "libsgl_peer_mhc.so"
+    newest = max(f.stat().st_mtime for f in src.iterdir() if f.is_file())
+    if lib.exists() and lib.stat().st_mtime > newest:
+        return lib
     flags = [
         "-std=c++20",
         "-O3",
@@ -131,7 +135,6 @@ def build_peer(src: Path, isa: str, out: Path) -> Path:
     for name in ("mhc", "register"):
         objects.append(out / f"{name}.o")
         subprocess.check_call(["g++", *flags, "-c", str(src / f"{name}.cpp"), "-o", objects[-1]])
-    lib = out / "libsgl_peer_mhc.so"
     subprocess.check_call(
         ["g++", "-shared", "-fopenmp", *map(str, objects), "-o", str(lib), f"-L{tdir / 'lib'}"]
         + ["-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{tdir / 'lib'}"]
