@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -36,6 +37,16 @@ static_assert(kV == 8, "the lane-sum tree (lane_sum, lane_sums8) is written for 
 // order is the lanes' own ([0-3, 8-11] and [4-7, 12-15]), so neither the widening (one unpack)
 // nor the narrowing (one packus) needs a cross-lane permute. Rounding is round-to-nearest-even,
 // as c10::BFloat16.
+// One value rounded to bf16 as bf16_bits below does: to nearest-even on the bits; a NaN keeps its
+// upper half (its payload, quieted) unless kAnyNaN, which makes it the canonical 0x7fc0.
+template <bool kAnyNaN>
+inline BFloat16 round_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t bits = kAnyNaN && std::isnan(f) ? 0x7fc0 : (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+  return BFloat16(static_cast<uint16_t>(bits), BFloat16::from_bits());
+}
+
 #if defined(CPU_CAPABILITY_AVX2)
 inline void load16(const BFloat16* p, Vec& a, Vec& b) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -83,13 +94,14 @@ inline void load16(const T* p, Vec& a, Vec& b) {
   b = Vec::loadu(f + kV);
 }
 
+// The integer rounding of bf16_bits, NaN rule included.
 template <bool kAnyNaN = true>
 inline void store16(BFloat16* p, Vec& a, Vec& b) {
   float f[2 * kV];
   a.store(f);
   b.store(f + kV);
   for (int i = 0; i < 2 * kV; ++i) {
-    p[kLoad16Order[i]] = BFloat16(f[i]);
+    p[kLoad16Order[i]] = round_bits<kAnyNaN>(f[i]);
     f[i] = static_cast<float>(p[kLoad16Order[i]]);
   }
   a = Vec::loadu(f);
@@ -256,7 +268,7 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
       float o = post[j] * xv;
       for (int i = 0; i < N; ++i)
         o = std::fma(comb[i * N + j], static_cast<float>(res[i * H + h]), o);
-      out[j * H + h] = BFloat16(o);
+      out[j * H + h] = round_bits<false>(o);  // as store16<false>
     }
   }
 }
