@@ -126,9 +126,11 @@ inline Vec fmadd(const Vec& a, const Vec& b, const Vec& c) {
 
 // A NaN coefficient with an arbitrary payload becomes the default NaN, which store16<false> rounds
 // correctly (see bf16_bits).
-inline Vec broadcast_coefficient(float v) {
-  return Vec(std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v);
+inline float canonical_coefficient(float v) {
+  return std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v;
 }
+
+inline Vec broadcast_coefficient(float v) { return Vec(canonical_coefficient(v)); }
 
 #if defined(MHC_SP_CPU_AVX512)
 // ---- AVX-512: two of the 8-lane vectors in one zmm -------------------------------------------
@@ -200,9 +202,7 @@ inline void store32(BFloat16* p, Zmm& a, Zmm& b) {
   }
 }
 
-inline Zmm broadcast_coefficient_zmm(float v) {
-  return _mm512_set1_ps(std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v);
-}
+inline Zmm broadcast_coefficient_zmm(float v) { return _mm512_set1_ps(canonical_coefficient(v)); }
 #endif
 
 // Sum of v's kV lanes as ((0+1)+(2+3))+((4+5)+(6+7)): the tree lane_sums8 computes too.
@@ -265,9 +265,9 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
   for (; h < h1; ++h) {
     const float xv = static_cast<float>(x[h]);
     for (int j = 0; j < N; ++j) {
-      float o = post[j] * xv;
+      float o = canonical_coefficient(post[j]) * xv;
       for (int i = 0; i < N; ++i)
-        o = std::fma(comb[i * N + j], static_cast<float>(res[i * H + h]), o);
+        o = std::fma(canonical_coefficient(comb[i * N + j]), static_cast<float>(res[i * H + h]), o);
       out[j * H + h] = round_bits<false>(o);  // as store16<false>
     }
   }
