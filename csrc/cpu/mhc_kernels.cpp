@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU kernels for the mHC math (docs/design.md §1): bf16 in/out, fp32 math, at::vec inner loops,
-// at::parallel_for over tokens. Compiled once per CPU_CAPABILITY (see CMakeLists.txt).
+// at::parallel_for over tokens. Compiled once per instruction set (see CMakeLists.txt) into
+// mhc_sp::cpu::MHC_SP_CPU_ISA. CPU_CAPABILITY names at::vec's instance: the AVX-512 builds use
+// at::vec's 8-lane AVX2 vectors (under a name of their own, see CMakeLists.txt) and add zmm loops
+// that give bitwise the same results.
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -8,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -17,7 +21,7 @@
 #include "mhc_sp/detail/dispatch.h"
 
 namespace mhc_sp::cpu {
-namespace CPU_CAPABILITY {
+namespace MHC_SP_CPU_ISA {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kV = Vec::size();
@@ -33,6 +37,16 @@ static_assert(kV == 8, "the lane-sum tree (lane_sum, lane_sums8) is written for 
 // order is the lanes' own ([0-3, 8-11] and [4-7, 12-15]), so neither the widening (one unpack)
 // nor the narrowing (one packus) needs a cross-lane permute. Rounding is round-to-nearest-even,
 // as c10::BFloat16.
+// One value rounded to bf16 as bf16_bits below does: to nearest-even on the bits; a NaN keeps its
+// upper half (its payload, quieted) unless kAnyNaN, which makes it the canonical 0x7fc0.
+template <bool kAnyNaN>
+inline BFloat16 round_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t bits = kAnyNaN && std::isnan(f) ? 0x7fc0 : (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+  return BFloat16(static_cast<uint16_t>(bits), BFloat16::from_bits());
+}
+
 #if defined(CPU_CAPABILITY_AVX2)
 inline void load16(const BFloat16* p, Vec& a, Vec& b) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -69,26 +83,127 @@ inline void store16(BFloat16* p, Vec& a, Vec& b) {
   b = Vec(_mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)));
 }
 #else
-inline void load16(const BFloat16* p, Vec& a, Vec& b) { at::vec::load_to_float(p, a, b); }
+// The same order in scalar code, so that the collapse's sum of squares adds as on AVX2.
+constexpr int kLoad16Order[2 * kV] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 
-inline void load16(const float* p, Vec& a, Vec& b) {
-  a = Vec::loadu(p);
-  b = Vec::loadu(p + kV);
+template <typename T>
+inline void load16(const T* p, Vec& a, Vec& b) {
+  float f[2 * kV];
+  for (int i = 0; i < 2 * kV; ++i) f[i] = static_cast<float>(p[kLoad16Order[i]]);
+  a = Vec::loadu(f);
+  b = Vec::loadu(f + kV);
 }
 
+// The integer rounding of bf16_bits, NaN rule included.
 template <bool kAnyNaN = true>
 inline void store16(BFloat16* p, Vec& a, Vec& b) {
-  const auto packed = at::vec::convert_float_bfloat16(a, b);
-  packed.store(p);
-  std::tie(a, b) = at::vec::convert_bfloat16_float(packed);
+  float f[2 * kV];
+  a.store(f);
+  b.store(f + kV);
+  for (int i = 0; i < 2 * kV; ++i) {
+    p[kLoad16Order[i]] = round_bits<kAnyNaN>(f[i]);
+    f[i] = static_cast<float>(p[kLoad16Order[i]]);
+  }
+  a = Vec::loadu(f);
+  b = Vec::loadu(f + kV);
 }
 #endif
 
+// a * b + c rounded once, on every instruction set (the default build has no FMA to rely on;
+// the kernels are compiled without contraction, so every fused multiply-add is one of these).
+inline Vec fmadd(const Vec& a, const Vec& b, const Vec& c) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(a, b, c);
+#else
+  float x[kV], y[kV], z[kV];
+  a.store(x);
+  b.store(y);
+  c.store(z);
+  for (int i = 0; i < kV; ++i) z[i] = std::fma(x[i], y[i], z[i]);
+  return Vec::loadu(z);
+#endif
+}
+
 // A NaN coefficient with an arbitrary payload becomes the default NaN, which store16<false> rounds
 // correctly (see bf16_bits).
-inline Vec broadcast_coefficient(float v) {
-  return Vec(std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v);
+inline float canonical_coefficient(float v) {
+  return std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v;
 }
+
+inline Vec broadcast_coefficient(float v) { return Vec(canonical_coefficient(v)); }
+
+#if defined(MHC_SP_CPU_AVX512)
+// ---- AVX-512: two of the 8-lane vectors in one zmm -------------------------------------------
+// Every zmm lane does to a value exactly what a lane of the 8-lane code does to it, in the same
+// order, so the results are bitwise those of the AVX2 table (docs/design.md §3b). Elementwise
+// loops take 32 values per step; the projection holds two tokens' accumulators of one fn row in
+// a zmm.
+using Zmm = __m512;
+constexpr int64_t kZ2 = 4 * kV;  // 32 values: two of load16's steps
+
+// Qword order of load32 (and its own inverse): the unpacks then give load16's order.
+inline __m512i load32_qwords() { return _mm512_setr_epi64(0, 4, 2, 6, 1, 5, 3, 7); }
+
+// 32 bf16 values as two zmm: a holds load16's (a, b) of values [0, 16) as its low and high half,
+// b those of [16, 32), so that a sum over a's lanes then b's adds every value where load16's a or
+// b would (the collapse's sum of squares).
+inline void load32(const BFloat16* p, Zmm& a, Zmm& b) {
+  const __m512i v = _mm512_permutexvar_epi64(load32_qwords(), _mm512_loadu_si512(p));
+  a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), v));
+  b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), v));
+}
+
+inline void load32(const float* p, Zmm& a, Zmm& b) {
+  const __m512i order = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  a = _mm512_permutexvar_ps(order, _mm512_loadu_ps(p));
+  b = _mm512_permutexvar_ps(order, _mm512_loadu_ps(p + 16));
+}
+
+// bf16_bits on 16 lanes.
+template <bool kAnyNaN>
+inline __m512i bf16_bits(Zmm f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  if constexpr (!kAnyNaN) return rounded;
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0));
+}
+
+// Rounds a and b (load32's order) to bf16 and stores them; with kRounded, a and b are left holding
+// the rounded values.
+template <bool kAnyNaN = true, bool kRounded = false>
+inline void store32(BFloat16* p, Zmm& a, Zmm& b) {
+#if defined(MHC_SP_CPU_AVX512_BF16)
+  // vcvtne2ps2bf16 rounds to nearest-even as bf16_bits does, but flushes denormal inputs to zero
+  // and keeps a NaN's sign and payload: a step holding either (rare) is rounded in software.
+  // Without kAnyNaN every NaN has a zero low half, which both round alike.
+  constexpr int kSpecial = 0x20 | (kAnyNaN ? 0x81 : 0);  // denormal; quiet and signalling NaN
+  if ((_mm512_fpclass_ps_mask(a, kSpecial) | _mm512_fpclass_ps_mask(b, kSpecial)) == 0) {
+    const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a's lanes low
+    const __m512i order = _mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7);  // lanes -> memory order
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, r));
+    if constexpr (kRounded) {
+      auto widen = [](__m256i h) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      };
+      a = widen(_mm512_castsi512_si256(r));
+      b = widen(_mm512_extracti64x4_epi64(r, 1));
+    }
+    return;
+  }
+#endif
+  const __m512i lo = bf16_bits<kAnyNaN>(a), hi = bf16_bits<kAnyNaN>(b);
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi64(load32_qwords(), _mm512_packus_epi32(lo, hi)));
+  if constexpr (kRounded) {
+    a = _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16));
+    b = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
+  }
+}
+
+inline Zmm broadcast_coefficient_zmm(float v) { return _mm512_set1_ps(canonical_coefficient(v)); }
+#endif
 
 // Sum of v's kV lanes as ((0+1)+(2+3))+((4+5)+(6+7)): the tree lane_sums8 computes too.
 inline float lane_sum(const Vec& v) {
@@ -113,6 +228,27 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
   for (int i = 0; i < N; ++i)
     for (int j = 0; j < N; ++j) cv[i][j] = broadcast_coefficient(comb[i * N + j]);
   int64_t h = h0;
+#if defined(MHC_SP_CPU_AVX512)
+  {
+    Zmm pz[N], cz[N][N];
+    for (int j = 0; j < N; ++j) pz[j] = broadcast_coefficient_zmm(post[j]);
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < N; ++j) cz[i][j] = broadcast_coefficient_zmm(comb[i * N + j]);
+    for (; h + kZ2 <= h1; h += kZ2) {
+      Zmm xa, xb, ra[N], rb[N];
+      load32(x + h, xa, xb);
+      for (int i = 0; i < N; ++i) load32(res + i * H + h, ra[i], rb[i]);
+      for (int j = 0; j < N; ++j) {
+        Zmm oa = _mm512_mul_ps(pz[j], xa), ob = _mm512_mul_ps(pz[j], xb);
+        for (int i = 0; i < N; ++i) {
+          oa = _mm512_fmadd_ps(cz[i][j], ra[i], oa);
+          ob = _mm512_fmadd_ps(cz[i][j], rb[i], ob);
+        }
+        store32<false>(out + j * H + h, oa, ob);
+      }
+    }
+  }
+#endif
   for (; h + kV2 <= h1; h += kV2) {
     Vec xa, xb, ra[N], rb[N];
     load16(x + h, xa, xb);
@@ -120,8 +256,8 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
     for (int j = 0; j < N; ++j) {
       Vec oa = pv[j] * xa, ob = pv[j] * xb;
       for (int i = 0; i < N; ++i) {
-        oa = at::vec::fmadd(cv[i][j], ra[i], oa);
-        ob = at::vec::fmadd(cv[i][j], rb[i], ob);
+        oa = fmadd(cv[i][j], ra[i], oa);
+        ob = fmadd(cv[i][j], rb[i], ob);
       }
       store16<false>(out + j * H + h, oa, ob);
     }
@@ -129,9 +265,10 @@ void post_span(const BFloat16* x, const BFloat16* res, int64_t H, const float* p
   for (; h < h1; ++h) {
     const float xv = static_cast<float>(x[h]);
     for (int j = 0; j < N; ++j) {
-      float o = post[j] * xv;
-      for (int i = 0; i < N; ++i) o += comb[i * N + j] * static_cast<float>(res[i * H + h]);
-      out[j * H + h] = BFloat16(o);
+      float o = canonical_coefficient(post[j]) * xv;
+      for (int i = 0; i < N; ++i)
+        o = std::fma(canonical_coefficient(comb[i * N + j]), static_cast<float>(res[i * H + h]), o);
+      out[j * H + h] = round_bits<false>(o);  // as store16<false>
     }
   }
 }
@@ -144,6 +281,18 @@ const BFloat16* post_x(const PostParams& p, int64_t t, int64_t h0, int64_t h1) {
   if (static_cast<int64_t>(row.size()) < p.H) row.resize(p.H);
   const int64_t off = t * p.H;
   int64_t h = h0;
+#if defined(MHC_SP_CPU_AVX512)
+  for (; h + kZ2 <= h1; h += kZ2) {
+    Zmm a = _mm512_setzero_ps(), b = _mm512_setzero_ps();  // from +0, as below
+    for (int64_t r = 0; r < p.x.part_count; ++r) {
+      Zmm c, d;
+      load32(p.x.parts[r] + off + h, c, d);
+      a = _mm512_add_ps(a, c);
+      b = _mm512_add_ps(b, d);
+    }
+    store32(row.data() + h, a, b);
+  }
+#endif
   for (; h + kV2 <= h1; h += kV2) {
     Vec a(0.f), b(0.f);  // from +0: a position where every part is -0 sums to +0
     for (int64_t r = 0; r < p.x.part_count; ++r) {
@@ -268,12 +417,12 @@ C10_ALWAYS_INLINE void leaf_steps(Vec (&a)[TR][MR], Vec (&sq)[TR], const BFloat1
     Vec xv[TR];
     for (int r = 0; r < TR; ++r) {
       xv[r] = widen8(x[r] + k);
-      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      if constexpr (kSquares) sq[r] = fmadd(xv[r], xv[r], sq[r]);
     }
     for (int m = 0; m < MR; ++m) {
       // One token: each fn vector is read once, so let it fold into the FMA.
       const Vec fv = TR == 1 ? Vec::loadu(f + m * fstride + k) : load_once(f + m * fstride + k);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      for (int r = 0; r < TR; ++r) a[r][m] = fmadd(xv[r], fv, a[r][m]);
     }
   }
   if (k < len) {  // the last leaf of a hidden size that is not a multiple of kV
@@ -281,11 +430,11 @@ C10_ALWAYS_INLINE void leaf_steps(Vec (&a)[TR][MR], Vec (&sq)[TR], const BFloat1
     Vec xv[TR];
     for (int r = 0; r < TR; ++r) {
       xv[r] = widen_partial(x[r] + k, rest);
-      if constexpr (kSquares) sq[r] = at::vec::fmadd(xv[r], xv[r], sq[r]);
+      if constexpr (kSquares) sq[r] = fmadd(xv[r], xv[r], sq[r]);
     }
     for (int m = 0; m < MR; ++m) {
       const Vec fv = Vec::loadu(f + m * fstride + k, rest);
-      for (int r = 0; r < TR; ++r) a[r][m] = at::vec::fmadd(xv[r], fv, a[r][m]);
+      for (int r = 0; r < TR; ++r) a[r][m] = fmadd(xv[r], fv, a[r][m]);
     }
   }
 }
@@ -311,6 +460,82 @@ struct TileAcc {
   }
 };
 
+#if defined(MHC_SP_CPU_AVX512)
+// Tokens 2p and 2p + 1 of a tile in one zmm: token 2p's 8 lanes low, token 2p + 1's high, each
+// half exactly the 8-lane accumulator of leaf_steps for that token.
+inline Zmm pair(const Vec& lo, const Vec& hi) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+inline Zmm widen8_pair(const BFloat16* lo, const BFloat16* hi) {
+  const __m256i v = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// leaf_steps for TP token pairs: the same products added to the same lanes in the same order.
+template <int TP, int MR, bool kSquares>
+C10_ALWAYS_INLINE void leaf_steps_pairs(Zmm (&a)[TP][MR], Zmm (&sq)[TP], const BFloat16* const* x,
+                                        const float* f, int64_t fstride, int64_t len) {
+  int64_t k = 0;
+  for (; k + kV <= len; k += kV) {
+    Zmm xv[TP];
+    for (int q = 0; q < TP; ++q) {
+      xv[q] = widen8_pair(x[2 * q] + k, x[2 * q + 1] + k);
+      if constexpr (kSquares) sq[q] = _mm512_fmadd_ps(xv[q], xv[q], sq[q]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Zmm fv = _mm512_broadcast_f32x8(_mm256_loadu_ps(f + m * fstride + k));
+      for (int q = 0; q < TP; ++q) a[q][m] = _mm512_fmadd_ps(xv[q], fv, a[q][m]);
+    }
+  }
+  if (k < len) {
+    const int rest = static_cast<int>(len - k);
+    Zmm xv[TP];
+    for (int q = 0; q < TP; ++q) {
+      xv[q] = pair(widen_partial(x[2 * q] + k, rest), widen_partial(x[2 * q + 1] + k, rest));
+      if constexpr (kSquares) sq[q] = _mm512_fmadd_ps(xv[q], xv[q], sq[q]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Zmm fv = _mm512_broadcast_f32x8(Vec::loadu(f + m * fstride + k, rest));
+      for (int q = 0; q < TP; ++q) a[q][m] = _mm512_fmadd_ps(xv[q], fv, a[q][m]);
+    }
+  }
+}
+
+// TileAcc for TP token pairs (the same layout in acc).
+template <int TP, int MR, bool kSquares>
+struct TileAccPairs {
+  Zmm a[TP][MR], sq[TP];
+  static Zmm load_pair(const float* acc, int64_t astride, int q, int64_t slot) {
+    return pair(Vec::loadu(acc + (2 * q * astride + slot) * kV),
+                Vec::loadu(acc + ((2 * q + 1) * astride + slot) * kV));
+  }
+  static void store_pair(const Zmm& v, float* acc, int64_t astride, int q, int64_t slot) {
+    _mm256_storeu_ps(acc + (2 * q * astride + slot) * kV, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(acc + ((2 * q + 1) * astride + slot) * kV, _mm512_extractf32x8_ps(v, 1));
+  }
+  C10_ALWAYS_INLINE void load(bool first, const float* acc, int64_t astride, int64_t sq_slot) {
+    for (int q = 0; q < TP; ++q) {
+      for (int m = 0; m < MR; ++m)
+        a[q][m] = first ? _mm512_setzero_ps() : load_pair(acc, astride, q, m);
+      if constexpr (kSquares)
+        sq[q] = first ? _mm512_setzero_ps() : load_pair(acc, astride, q, sq_slot);
+    }
+  }
+  C10_ALWAYS_INLINE void store(float* acc, int64_t astride, int64_t sq_slot) const {
+    for (int q = 0; q < TP; ++q) {
+      for (int m = 0; m < MR; ++m) store_pair(a[q][m], acc, astride, q, m);
+      if constexpr (kSquares) store_pair(sq[q], acc, astride, q, sq_slot);
+    }
+  }
+};
+constexpr bool kTokenPairs = true;  // even tiles hold token pairs in zmm
+#else
+constexpr bool kTokenPairs = false;
+#endif
+
 // One stream of leaves [c0, c1) for a TR x MR tile, leaf after leaf; token r's row of the stream at
 // x[r] and fn row m of the stream at f + m * fstride, both at leaf c0. Leaf c's accumulators
 // are at acc + (c - c0) * cstride * kV; the stream adds to them (or, with `first`, sets them).
@@ -325,6 +550,19 @@ void leaf_tile_leaves(const BFloat16* const* x, const float* f, int64_t fstride,
       float* ac = acc + (c - c0) * cstride * kV;
       const BFloat16* xc[TR];
       for (int r = 0; r < TR; ++r) xc[r] = x[r] + h;
+#if defined(MHC_SP_CPU_AVX512)
+      if constexpr (TR % 2 == 0) {
+        TileAccPairs<TR / 2, MR, kSquares> t;
+        t.load(kFirst, ac, astride, sq_slot);
+        if (len >= kSpan) {  // a whole leaf: a loop of known length
+          leaf_steps_pairs<TR / 2, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, kSpan);
+        } else {
+          leaf_steps_pairs<TR / 2, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, len);
+        }
+        t.store(ac, astride, sq_slot);
+        continue;
+      }
+#endif
       TileAcc<TR, MR, kSquares> t;
       t.load(kFirst, ac, astride, sq_slot);
       if (len >= kSpan) {  // a whole leaf: a loop of known length
@@ -410,6 +648,9 @@ void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
                                            tb * astride, astride, rows - m);
       };
       int r = 0;
+      if constexpr (kTokenPairs) {  // 4 tokens x 6 rows = 12 zmm accumulators (of 32 registers)
+        for (; r + 4 <= tb; r += 4) tile(r, std::integral_constant<int, 4>{});
+      }
       for (; r + 2 <= tb; r += 2) tile(r, std::integral_constant<int, 2>{});
       if (r < tb) tile(r, std::integral_constant<int, 1>{});
     });
@@ -473,32 +714,67 @@ void collapse(const BFloat16* const* streams, const float* pre, int64_t H, const
   }
   Vec sqa(0.f), sqb(0.f);
   int64_t h = 0;
+#if defined(MHC_SP_CPU_AVX512)
+  if (H >= kZ2) {
+    Zmm pz[N];
+    for (int i = 0; i < N; ++i) pz[i] = _mm512_set1_ps(pre[i]);
+    Zmm sq = _mm512_setzero_ps();  // sqa in the low half, sqb in the high (see load32)
+    for (; h + kZ2 <= H; h += kZ2) {
+      Zmm ya = _mm512_setzero_ps(), yb = _mm512_setzero_ps();
+      for (int i = 0; i < N; ++i) {
+        Zmm a, b;
+        load32(rows[i] + h, a, b);
+        ya = _mm512_fmadd_ps(pz[i], a, ya);
+        yb = _mm512_fmadd_ps(pz[i], b, yb);
+      }
+      store32<false, kNorm>(out + h, ya, yb);
+      if constexpr (kNorm) {
+        sq = _mm512_fmadd_ps(ya, ya, sq);
+        sq = _mm512_fmadd_ps(yb, yb, sq);
+      }
+    }
+    sqa = Vec(_mm512_castps512_ps256(sq));
+    sqb = Vec(_mm512_extractf32x8_ps(sq, 1));
+  }
+#endif
   for (; h + kV2 <= H; h += kV2) {
     Vec ya(0.f), yb(0.f);
     for (int i = 0; i < N; ++i) {
       Vec a, b;
       load16(rows[i] + h, a, b);
-      ya = at::vec::fmadd(pv[i], a, ya);
-      yb = at::vec::fmadd(pv[i], b, yb);
+      ya = fmadd(pv[i], a, ya);
+      yb = fmadd(pv[i], b, yb);
     }
     store16<false>(out + h, ya, yb);  // NaNs here come from bf16 inputs or the FPU (see bf16_bits)
     if constexpr (kNorm) {
-      sqa = at::vec::fmadd(ya, ya, sqa);
-      sqb = at::vec::fmadd(yb, yb, sqb);
+      sqa = fmadd(ya, ya, sqa);
+      sqb = fmadd(yb, yb, sqb);
     }
   }
   float sq_tail = 0.f;
   for (; h < H; ++h) {
     float y = 0.f;
-    for (int i = 0; i < N; ++i) y += pre[i] * static_cast<float>(streams[i][h]);
+    for (int i = 0; i < N; ++i) y = std::fma(pre[i], static_cast<float>(streams[i][h]), y);
     const float r = round_bf16(y, out + h);
-    sq_tail += r * r;
+    sq_tail = std::fma(r, r, sq_tail);
   }
   if constexpr (!kNorm) return;
   const float total = lane_sum(sqa + sqb) + sq_tail;
   const float inv = 1.0f / std::sqrt(total / static_cast<float>(H) + norm_eps);
   const Vec iv(inv);
-  for (h = 0; h + kV2 <= H; h += kV2) {
+  h = 0;
+#if defined(MHC_SP_CPU_AVX512)
+  const Zmm iz = _mm512_set1_ps(inv);
+  for (; h + kZ2 <= H; h += kZ2) {
+    Zmm a, b, wa, wb;
+    load32(out + h, a, b);
+    load32(norm_weight + h, wa, wb);
+    a = _mm512_mul_ps(_mm512_mul_ps(a, iz), wa);
+    b = _mm512_mul_ps(_mm512_mul_ps(b, iz), wb);
+    store32(out + h, a, b);
+  }
+#endif
+  for (; h + kV2 <= H; h += kV2) {
     Vec a, b, wa, wb;
     load16(out + h, a, b);
     load16(norm_weight + h, wa, wb);
@@ -630,7 +906,7 @@ void mhc_pre_broadcast(const BFloat16* x, BFloat16* residual_out, const PreParam
 }
 
 const KernelTable table{
-    .name = "cpu-" C10_STRINGIZE(CPU_CAPABILITY),
+    .name = "cpu-" C10_STRINGIZE(MHC_SP_CPU_ISA),
     .mhc_post = mhc_post,
     .mhc_pre = mhc_pre,
     .mhc_post_pre = mhc_post_pre,
@@ -638,5 +914,5 @@ const KernelTable table{
     .hc_head = hc_head,
 };
 
-}  // namespace CPU_CAPABILITY
+}  // namespace MHC_SP_CPU_ISA
 }  // namespace mhc_sp::cpu

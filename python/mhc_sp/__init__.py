@@ -17,6 +17,7 @@ import torch
 
 #: Set to 1 to import an extension built against another torch (at your own risk).
 ALLOW_MISMATCH_ENV = "MHC_SP_ALLOW_TORCH_MISMATCH"
+CPU_KERNELS_ENV = "MHC_SP_CPU_KERNELS"
 #: How to rebuild the extension against the torch of the running environment.
 REINSTALL = "pip install --no-build-isolation --no-deps --force-reinstall ."
 
@@ -103,6 +104,9 @@ except ImportError as e:
         f"If it was built against another torch, rebuild it against this one, in mhc_sp's "
         f"source folder: {REINSTALL}"
     )
+# The CPU kernel table is picked on the extension's first use (here): the best the CPU has, or the
+# one MHC_SP_CPU_KERNELS names (default, avx2, avx512, avx512_bf16; refused where the CPU lacks it).
+_CPU_KERNELS_FORCED = os.environ.get(CPU_KERNELS_ENV, "")
 _check_build(_C.build_info())
 
 from . import _fake  # noqa: E402, F401  (registers the fake implementations)
@@ -112,6 +116,10 @@ __all__ = ["MhcConfig", "build_info"]
 
 
 def build_info() -> dict:
-    """How the extension was built: torch version, CPU kernel ISA, NVTX ranges (``nvtx``), CUDA,
-    arch list (comma-joined, e.g. "9.0a,10.0a"), NCCL version."""
-    return dict(_C.build_info())
+    """How the extension was built: torch version, CPU kernel ISA (``cpu_kernels``, and
+    ``cpu_kernels_choice``: ``auto``, or ``MHC_SP_CPU_KERNELS=<name>`` when forced), NVTX ranges
+    (``nvtx``), CUDA, arch list (comma-joined, e.g. "9.0a,10.0a"), NCCL version."""
+    info = dict(_C.build_info())
+    forced = _CPU_KERNELS_FORCED
+    info["cpu_kernels_choice"] = f"{CPU_KERNELS_ENV}={forced}" if forced else "auto"
+    return info

@@ -5,7 +5,8 @@
 // checked arguments (mhc_sp/detail/params.h): raw pointers, no checks.
 //   CPU   csrc/cpu/mhc_kernels.cpp, compiled once per instruction set into mhc_sp::cpu::<ISA>
 //         (functions named as the table's fields, and that ISA's `table`); csrc/cpu/dispatch.cpp
-//         picks the best one the processor supports.
+//         picks the best one the processor supports, or the one MHC_SP_CPU_KERNELS names. Every
+//         table gives bitwise the same results.
 //   CUDA  csrc/cuda/<op>.cu, the functions declared in mhc_sp::cuda below (current stream).
 // Numerics every kernel keeps (docs/design.md §3b): a token's outputs are bitwise independent of
 // the number of tokens in the call and of the thread count or grid.
@@ -81,8 +82,15 @@ namespace cpu {
 namespace DEFAULT {
 extern const KernelTable table;
 }
+// The x86-64 instances, defined only where the build compiles them (MHC_SP_HAVE_CPU_<ISA>).
 namespace AVX2 {
-extern const KernelTable table;  // defined only where the build compiles the AVX2 instance
+extern const KernelTable table;  // AVX2, FMA, F16C
+}
+namespace AVX512 {
+extern const KernelTable table;  // AVX-512 F/BW/VL/DQ
+}
+namespace AVX512_BF16 {
+extern const KernelTable table;  // AVX512 and AVX512-BF16's rounding to bf16
 }
 }  // namespace cpu
 
