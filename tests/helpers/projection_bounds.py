@@ -18,8 +18,8 @@ CFG = MhcConfig()
 
 U = 2.0**-24  # fp32's unit roundoff
 # The fp32 evaluation of the coefficients from the projection (sigmoid, the softmax and Sinkhorn
-# iterations, mhc_sp/detail/coefficients.h), in units of U * |value|: evaluating the float64 mix in fp32
-# misses by at most 4.3 (post) and 16.9 (comb), rms 0.73 and 2.3 (2048 tokens, seed 5); the
+# iterations, mhc_sp/detail/coefficients.h), in units of U * |value|: evaluating the float64 mix
+# in fp32 misses by at most 4.3 (post) and 16.9 (comb), rms 0.73 and 2.3 (2048 tokens, seed 5); the
 # bounds allow twice the largest and about the rms.
 EVAL_WORST = {"post": 8.0, "comb": 32.0}
 EVAL_TYPICAL = {"post": 1.0, "comb": 3.0}
