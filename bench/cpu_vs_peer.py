@@ -189,13 +189,7 @@ def calls(i: dict, peer, n: int) -> dict:
         ),
         "post_pre": (
             lambda: ops.mhc_post_pre(
-                i["x"],
-                i["residual"],
-                i["post"],
-                i["comb"],
-                i["fn"],
-                i["scale"],
-                i["base"],
+                *(i[k] for k in ("x", "residual", "post", "comb", "fn", "scale", "base")),
                 None,
                 CFG,
             ),

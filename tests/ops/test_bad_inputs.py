@@ -159,13 +159,7 @@ def test_norm_weight_wrong_size(i):
         ValueError,
         r"^norm_weight: expected size 64",
         lambda: ops.mhc_post_pre(
-            i["x"],
-            i["residual"],
-            i["post"],
-            i["comb"],
-            i["fn"],
-            i["scale"],
-            i["base"],
+            *(i[k] for k in ("x", "residual", "post", "comb", "fn", "scale", "base")),
             torch.ones(65),
         ),
     )
