@@ -244,10 +244,10 @@ void bind(py::module_& m) {
   m.def(
       "symm_exchange_layout",
       [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,
-         int64_t elem_bytes, int64_t world) {
-        checked_buffer_layout(world, 16, kPage);
-        const ExchangeLayout X =
-            exchange_layout(header_of(op, sharded, rows, num_tokens, inner, elem_bytes), world);
+         int64_t elem_bytes, int64_t world, int64_t half_bytes) {
+        const BufferLayout L = checked_buffer_layout(world, 16, half_bytes);
+        const ExchangeLayout X = exchange_layout(
+            header_of(op, sharded, rows, num_tokens, inner, elem_bytes), world, L.half_bytes);
         py::dict d;
         d["in_rows"] = X.in_rows;
         d["out_rows"] = X.out_rows;
@@ -259,7 +259,7 @@ void bind(py::module_& m) {
         return d;
       },
       py::arg("op"), py::arg("sharded"), py::arg("rows"), py::arg("num_tokens"), py::arg("inner"),
-      py::arg("elem_bytes"), py::arg("world"));
+      py::arg("elem_bytes"), py::arg("world"), py::arg("half_bytes") = kDefaultHalfBytes);
   m.def(
       "symm_path",
       [](const std::string& op, bool sharded, int64_t rows, int64_t num_tokens, int64_t inner,

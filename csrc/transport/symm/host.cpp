@@ -74,7 +74,7 @@ Path collective_path(const BufferLayout& L, Op op, int64_t rows, int64_t row_byt
 }
 
 Path exchange_path(const BufferLayout& L, const CallHeader& h) {
-  const ExchangeLayout X = exchange_layout(h, L.world);
+  const ExchangeLayout X = exchange_layout(h, L.world, L.half_bytes);
   if (X.row_bytes % 16 != 0) return Path::kFallback;  // the kernels move 16-byte vectors
   return X.need <= L.half_bytes ? Path::kExchange : Path::kFallback;
 }

@@ -90,7 +90,7 @@ inline ExchangeView exchange_view(const RankView& rank, boundary::Op op, uint32_
   e.header.inner = inner;
   e.header.dtype = dtype;
   e.header.elem_bytes = elem_bytes;
-  e.X = symm::exchange_layout(e.header, rank.world);
+  e.X = symm::exchange_layout(e.header, rank.world, rank.L.half_bytes);
   e.rows = rows;
   e.valid = valid;
   return e;

@@ -148,14 +148,18 @@ MHC_SP_HOST_DEVICE constexpr int64_t half_offset(const BufferLayout& L, int64_t 
 }
 
 // Where a barrier-exchanged call's data sits inside a half (offsets from the half's start).
+// The slots are fixed by the workspace (half_bytes and world), never by the call: source p pushes
+// only into landing slot p of a peer's half, and an owner publishes only into its own `out` slot,
+// so ranks that disagree about a call (a num_tokens or op mismatch, reported at the first barrier)
+// still never write the same bytes before the header check sees it.
 struct ExchangeLayout {
   int64_t in_rows;   // rows each source pushes to each owner (the owner's shard)
   int64_t out_rows;  // rows the owner publishes in `out`
   int64_t row_bytes;
   int64_t landing_offset;  // source p's rows at landing_offset + p * landing_stride
-  int64_t landing_stride;
+  int64_t landing_stride;  // bytes of a slot: every landing slot and the out slot
   int64_t out_offset;
-  int64_t need;  // bytes of the half the call uses
+  int64_t need;  // the smallest half whose slots hold this call's rows
 };
 
 MHC_SP_HOST_DEVICE constexpr int64_t header_offset(int64_t src) { return src * kAlign; }
@@ -165,13 +169,15 @@ constexpr int kHeaderWords = 5;
 static_assert(sizeof(CallHeader) >= kHeaderWords * 16 && sizeof(CallHeader) <= kAlign,
               "a call header is kHeaderWords 16-byte words in its slot");
 
-// The exchange a call's header implies (h.rows: the caller's rows of x or partial):
+// The exchange a call's header implies in a half of half_bytes (h.rows: the caller's rows of x or
+// partial):
 //  reduce_scatter: each owner's shard of ceil(rows / world) rows lands from every source;
 //  all_reduce: the same, and each owner publishes its reduced shard for the gather;
 //  all_gather: each rank publishes its `rows` rows;
 //  fused_layer / fused_head (sharded): the shard of num_tokens lands, the owner publishes its
 //    shard of the gathered output; fused_entry (sharded): publish only.
-MHC_SP_HOST_DEVICE constexpr ExchangeLayout exchange_layout(const CallHeader& h, int64_t world) {
+MHC_SP_HOST_DEVICE constexpr ExchangeLayout exchange_layout(const CallHeader& h, int64_t world,
+                                                            int64_t half_bytes) {
   ExchangeLayout X{};
   X.row_bytes = h.inner * static_cast<int64_t>(h.elem_bytes);
   const bool sharded = (h.flags & boundary::kSharded) != 0;
@@ -188,10 +194,13 @@ MHC_SP_HOST_DEVICE constexpr ExchangeLayout exchange_layout(const CallHeader& h,
       break;
     default: break;
   }
+  // world landing slots and one out slot of one size: a call fits when its larger side fits a
+  // slot, so every op holds the same world * slot bytes of tokens.
   X.landing_offset = align_up(world * kAlign, kAlign);
-  X.landing_stride = align_up(X.in_rows * X.row_bytes, kAlign);
+  X.landing_stride = (half_bytes - X.landing_offset) / (world + 1) / kAlign * kAlign;
   X.out_offset = X.landing_offset + world * X.landing_stride;
-  X.need = X.out_offset + align_up(X.out_rows * X.row_bytes, kAlign);
+  const int64_t rows = X.in_rows > X.out_rows ? X.in_rows : X.out_rows;
+  X.need = X.landing_offset + (world + 1) * align_up(rows * X.row_bytes, kAlign);
   return X;
 }
 
@@ -278,7 +287,7 @@ Path reduction_path(const BufferLayout& L, int64_t rows, int64_t inner, bool fus
 // barrier exchange when it fits a half, else the fallback.
 Path collective_path(const BufferLayout& L, Op op, int64_t rows, int64_t row_bytes, bool bf16);
 
-// The path of a barrier-exchanged call: kExchange when exchange_layout(h).need fits a half.
+// The path of a barrier-exchanged call: kExchange when exchange_layout(h, ...).need fits a half.
 Path exchange_path(const BufferLayout& L, const CallHeader& h);
 
 // A failed wait as the ValueError/RuntimeError text the ops raise, naming the peer.
