@@ -503,37 +503,6 @@ C10_ALWAYS_INLINE void leaf_steps_pairs(Zmm (&a)[TP][MR], Zmm (&sq)[TP], const B
     }
   }
 }
-
-// TileAcc for TP token pairs (the same layout in acc).
-template <int TP, int MR, bool kSquares>
-struct TileAccPairs {
-  Zmm a[TP][MR], sq[TP];
-  static Zmm load_pair(const float* acc, int64_t astride, int q, int64_t slot) {
-    return pair(Vec::loadu(acc + (2 * q * astride + slot) * kV),
-                Vec::loadu(acc + ((2 * q + 1) * astride + slot) * kV));
-  }
-  static void store_pair(const Zmm& v, float* acc, int64_t astride, int q, int64_t slot) {
-    _mm256_storeu_ps(acc + (2 * q * astride + slot) * kV, _mm512_castps512_ps256(v));
-    _mm256_storeu_ps(acc + ((2 * q + 1) * astride + slot) * kV, _mm512_extractf32x8_ps(v, 1));
-  }
-  C10_ALWAYS_INLINE void load(bool first, const float* acc, int64_t astride, int64_t sq_slot) {
-    for (int q = 0; q < TP; ++q) {
-      for (int m = 0; m < MR; ++m)
-        a[q][m] = first ? _mm512_setzero_ps() : load_pair(acc, astride, q, m);
-      if constexpr (kSquares)
-        sq[q] = first ? _mm512_setzero_ps() : load_pair(acc, astride, q, sq_slot);
-    }
-  }
-  C10_ALWAYS_INLINE void store(float* acc, int64_t astride, int64_t sq_slot) const {
-    for (int q = 0; q < TP; ++q) {
-      for (int m = 0; m < MR; ++m) store_pair(a[q][m], acc, astride, q, m);
-      if constexpr (kSquares) store_pair(sq[q], acc, astride, q, sq_slot);
-    }
-  }
-};
-constexpr bool kTokenPairs = true;  // even tiles hold token pairs in zmm
-#else
-constexpr bool kTokenPairs = false;
 #endif
 
 // One stream of leaves [c0, c1) for a TR x MR tile, leaf after leaf; token r's row of the stream at
@@ -550,19 +519,6 @@ void leaf_tile_leaves(const BFloat16* const* x, const float* f, int64_t fstride,
       float* ac = acc + (c - c0) * cstride * kV;
       const BFloat16* xc[TR];
       for (int r = 0; r < TR; ++r) xc[r] = x[r] + h;
-#if defined(MHC_SP_CPU_AVX512)
-      if constexpr (TR % 2 == 0) {
-        TileAccPairs<TR / 2, MR, kSquares> t;
-        t.load(kFirst, ac, astride, sq_slot);
-        if (len >= kSpan) {  // a whole leaf: a loop of known length
-          leaf_steps_pairs<TR / 2, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, kSpan);
-        } else {
-          leaf_steps_pairs<TR / 2, MR, kSquares>(t.a, t.sq, xc, f + h, fstride, len);
-        }
-        t.store(ac, astride, sq_slot);
-        continue;
-      }
-#endif
       TileAcc<TR, MR, kSquares> t;
       t.load(kFirst, ac, astride, sq_slot);
       if (len >= kSpan) {  // a whole leaf: a loop of known length
@@ -620,6 +576,162 @@ struct LeafLayout {
       : spans((p.H + kSpan - 1) / kSpan), stride(p.rows + 1), token_stride(spans * (p.rows + 1)) {}
 };
 
+#if defined(MHC_SP_CPU_AVX512)
+// ---- AVX-512 projection: the accumulators of a leaf in registers over every stream -----------
+// A tile of TP token pairs x MR fn rows keeps its zmm accumulators for a whole leaf, stream after
+// stream (the order of leaf_tile_leaves, without storing them between streams), then adds their
+// lanes straight into the leaves. Up to 12 accumulators per pair, so that the bf16 widening,
+// shared by all of a tile's rows, is done for fewer tiles; the widening itself is one word
+// permute per step (a zero-masked vpermw of two tokens' 16 values), instead of the insert, the
+// widening move and the shift of widen8_pair, all of which compete with the FMAs for ports 0 and 5.
+constexpr int kZmmTileAcc = 10;  // accumulators per token pair: 2 pairs use 27 of 32 zmm registers
+
+// Word indices of vpermw: step s of src (token a's 16 values low, token b's high) as widen8_pair
+// gives it, each value in the odd word of its lane (the even words are zeroed by the mask).
+struct WidenWords {
+  alignas(64) uint16_t w[2][32];
+};
+constexpr WidenWords make_widen_words() {
+  WidenWords t{};
+  for (int s = 0; s < 2; ++s)
+    for (int j = 0; j < 16; ++j)
+      t.w[s][2 * j + 1] = static_cast<uint16_t>(j < 8 ? 8 * s + j : 16 + 8 * s + (j - 8));
+  return t;
+}
+constexpr WidenWords kWidenWords = make_widen_words();
+constexpr __mmask32 kOddWords = 0xAAAAAAAAu;
+
+// leaf_steps_pairs, 16 positions a step where it can: the same products into the same lanes.
+template <int TP, int MR, bool kSquares>
+C10_ALWAYS_INLINE void zmm_steps(Zmm (&a)[TP][MR], Zmm (&sq)[TP], const BFloat16* const* x,
+                                 const float* f, int64_t fstride, int64_t len) {
+  const __m512i w0 = _mm512_load_si512(kWidenWords.w[0]), w1 = _mm512_load_si512(kWidenWords.w[1]);
+  int64_t k = 0;
+  for (; k + 2 * kV <= len; k += 2 * kV) {
+    __m512i src[TP];
+    for (int q = 0; q < TP; ++q) {
+      src[q] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[2 * q] + k))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[2 * q + 1] + k)), 1);
+    }
+    for (int s = 0; s < 2; ++s) {
+      Zmm xv[TP];
+      for (int q = 0; q < TP; ++q) {
+        xv[q] = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, s ? w1 : w0, src[q]));
+        if constexpr (kSquares) sq[q] = _mm512_fmadd_ps(xv[q], xv[q], sq[q]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const Zmm fv = _mm512_broadcast_f32x8(_mm256_loadu_ps(f + m * fstride + k + s * kV));
+        for (int q = 0; q < TP; ++q) a[q][m] = _mm512_fmadd_ps(xv[q], fv, a[q][m]);
+      }
+    }
+  }
+  if (k < len) {
+    const BFloat16* xr[2 * TP];
+    for (int e = 0; e < 2 * TP; ++e) xr[e] = x[e] + k;
+    leaf_steps_pairs<TP, MR, kSquares>(a, sq, xr, f + k, fstride, len - k);
+  }
+}
+
+// Leaves [c0, c1) of fn rows [m, m + MR) (f: row m of stream 0 at position 0) and, with kSquares,
+// the squares (leaf row sq_row), for tokens [r0, r0 + live) of xs (token r's row of stream i at
+// xs[r * streams + i]), live <= 2 * TP; a missing token repeats the last one and is dropped.
+template <int TP, int MR, bool kSquares>
+void leaf_tile_zmm(const BFloat16* const* xs, int64_t streams, int r0, int live, const float* f,
+                   int64_t fstride, int64_t H, int64_t c0, int64_t c1, float* leaves,
+                   int64_t token_stride, int64_t stride, int64_t m, int64_t sq_row) {
+  constexpr int kAcc = MR + kSquares;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t h = c * kSpan, len = std::min(kSpan, H - h);
+    Zmm a[TP][MR], sq[TP];
+    for (int q = 0; q < TP; ++q) {
+      sq[q] = _mm512_setzero_ps();
+      for (int j = 0; j < MR; ++j) a[q][j] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < streams; ++i) {
+      const BFloat16* x[2 * TP];
+      for (int e = 0; e < 2 * TP; ++e) x[e] = xs[(r0 + std::min(e, live - 1)) * streams + i] + h;
+      if (len == kSpan) {  // a whole leaf: a loop of known length
+        zmm_steps<TP, MR, kSquares>(a, sq, x, f + i * H + h, fstride, kSpan);
+      } else {
+        zmm_steps<TP, MR, kSquares>(a, sq, x, f + i * H + h, fstride, len);
+      }
+    }
+    // Vector 2 * (q * kAcc + j) + e of v: token 2q + e's lanes of accumulator j.
+    alignas(64) float v[TP * kAcc * 2 * kV];
+    float sums[TP * kAcc * 2];
+    for (int q = 0; q < TP; ++q) {
+      for (int j = 0; j < MR; ++j) _mm512_store_ps(v + (q * kAcc + j) * 2 * kV, a[q][j]);
+      if constexpr (kSquares) _mm512_store_ps(v + (q * kAcc + MR) * 2 * kV, sq[q]);
+    }
+    int g = 0;
+    for (; g + 8 <= TP * kAcc * 2; g += 8) lane_sums8(v + g * kV, sums + g);
+    for (; g < TP * kAcc * 2; ++g) sums[g] = lane_sum(Vec::loadu(v + g * kV));
+    for (int e = 0; e < live; ++e) {
+      float* out = leaves + (r0 + e) * token_stride + c * stride;
+      const int q = e / 2, half = e % 2;
+      for (int j = 0; j < MR; ++j) out[m + j] = sums[2 * (q * kAcc + j) + half];
+      if constexpr (kSquares) out[sq_row] = sums[2 * (q * kAcc + MR) + half];
+    }
+  }
+}
+
+// f(integral_constant MR, integral_constant squares) for the MR in [1, MaxMR] equal to mr.
+template <int MaxMR, typename F>
+C10_ALWAYS_INLINE void with_rows(int64_t mr, bool squares, F&& f) {
+  if constexpr (MaxMR > 0) {
+    if (mr == MaxMR) {
+      if (squares) {
+        f(std::integral_constant<int, MaxMR>{}, std::true_type{});
+      } else {
+        f(std::integral_constant<int, MaxMR>{}, std::false_type{});
+      }
+      return;
+    }
+    with_rows<MaxMR - 1>(mr, squares, f);
+  }
+}
+
+// project_leaves on AVX-512: rows [m0, m1) and the squares in as few tiles of at most kZmmTileAcc
+// accumulators as hold them, of near-equal size (the squares in the first); tokens four at a
+// time, then two, then one (paired with itself).
+void project_leaves_zmm(const PreParams& p, const LeafLayout& L, int64_t streams,
+                        const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, int64_t m0,
+                        int64_t m1, bool squares, float* leaves) {
+  const int64_t fstride = streams * p.H;
+  const int64_t total = (m1 - m0) + (squares ? 1 : 0);
+  const int64_t tiles = (total + kZmmTileAcc - 1) / kZmmTileAcc;
+  int64_t m = m0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const bool sq = squares && t == 0;
+    const int64_t mr = total / tiles + (t < total % tiles ? 1 : 0) - (sq ? 1 : 0);
+    with_rows<kZmmTileAcc>(mr, sq, [&](auto mr_const, auto sq_const) {
+      constexpr int MR = decltype(mr_const)::value;
+      constexpr bool kSquares = decltype(sq_const)::value;
+      if constexpr (MR + kSquares <= kZmmTileAcc) {
+        const float* f = p.fn + m * fstride;
+        int r = 0;
+        for (; r + 4 <= tb; r += 4) {
+          leaf_tile_zmm<2, MR, kSquares>(xs, streams, r, 4, f, fstride, p.H, c0, c1, leaves,
+                                         L.token_stride, L.stride, m, p.rows);
+        }
+        if (r < tb) {
+          leaf_tile_zmm<1, MR, kSquares>(xs, streams, r, std::min(2, tb - r), f, fstride, p.H, c0,
+                                         c1, leaves, L.token_stride, L.stride, m, p.rows);
+          r += 2;
+        }
+        if (r < tb) {
+          leaf_tile_zmm<1, MR, kSquares>(xs, streams, r, 1, f, fstride, p.H, c0, c1, leaves,
+                                         L.token_stride, L.stride, m, p.rows);
+        }
+      }
+    });
+    m += mr;
+  }
+}
+#endif
+
 // Leaves [c0, c1) of tokens [0, tb), fn rows [m0, m1) and, with `squares`, the sums of squares:
 // leaf c of token r goes to leaves[r * token_stride + c * stride + m] for each such row m, its
 // sum of squares to m = rows; token r's row of stream i at xs[r * streams + i]. `acc` holds
@@ -632,6 +744,10 @@ struct LeafLayout {
 void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
                     const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, int64_t m0,
                     int64_t m1, bool squares, float* leaves, float* acc) {
+#if defined(MHC_SP_CPU_AVX512)
+  project_leaves_zmm(p, L, streams, xs, tb, c0, c1, m0, m1, squares, leaves);
+  return;
+#endif
   const int64_t rows = p.rows, fstride = streams * p.H, astride = rows + 1;
   for (int64_t i = 0; i < streams; ++i) {
     const bool first = i == 0;
@@ -648,9 +764,6 @@ void project_leaves(const PreParams& p, const LeafLayout& L, int64_t streams,
                                            tb * astride, astride, rows - m);
       };
       int r = 0;
-      if constexpr (kTokenPairs) {  // 4 tokens x 6 rows = 12 zmm accumulators (of 32 registers)
-        for (; r + 4 <= tb; r += 4) tile(r, std::integral_constant<int, 4>{});
-      }
       for (; r + 2 <= tb; r += 2) tile(r, std::integral_constant<int, 2>{});
       if (r < tb) tile(r, std::integral_constant<int, 1>{});
     });
