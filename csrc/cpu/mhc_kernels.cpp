@@ -580,7 +580,7 @@ struct LeafLayout {
 // ---- AVX-512 projection: the accumulators of a leaf in registers over every stream -----------
 // A tile of TP token pairs x MR fn rows keeps its zmm accumulators for a whole leaf, stream after
 // stream (the order of leaf_tile_leaves, without storing them between streams), then adds their
-// lanes straight into the leaves. Up to 12 accumulators per pair, so that the bf16 widening,
+// lanes straight into the leaves. Up to 10 accumulators per pair, so that the bf16 widening,
 // shared by all of a tile's rows, is done for fewer tiles; the widening itself is one word
 // permute per step (a zero-masked vpermw of two tokens' 16 values), instead of the insert, the
 // widening move and the shift of widen8_pair, all of which compete with the FMAs for ports 0 and 5.
@@ -693,42 +693,54 @@ C10_ALWAYS_INLINE void with_rows(int64_t mr, bool squares, F&& f) {
   }
 }
 
-// project_leaves on AVX-512: rows [m0, m1) and the squares in as few tiles of at most kZmmTileAcc
-// accumulators as hold them, of near-equal size (the squares in the first); tokens four at a
-// time, then two, then one (paired with itself).
-void project_leaves_zmm(const PreParams& p, const LeafLayout& L, int64_t streams,
-                        const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, int64_t m0,
-                        int64_t m1, bool squares, float* leaves) {
+// Accumulators per token pair in a tile of TP pairs: with 4 pairs every fn vector loaded serves
+// 8 tokens, half the fn bytes per FMA of 2 pairs, in 4 * (5 + 2) + 3 of the 32 zmm registers.
+constexpr int zmm_tile_acc(int TP) { return TP >= 4 ? 5 : kZmmTileAcc; }
+
+// Tokens [r0, r1) of project_leaves_zmm in tiles of TP token pairs: rows [m0, m1) and the squares
+// in as few tiles of at most zmm_tile_acc(TP) accumulators as hold them, of near-equal size (the
+// squares in the first); the last tile of tokens repeats its last token where it runs short.
+template <int TP>
+void project_tokens_zmm(const PreParams& p, const LeafLayout& L, int64_t streams,
+                        const BFloat16* const* xs, int r0, int r1, int64_t c0, int64_t c1,
+                        int64_t m0, int64_t m1, bool squares, float* leaves) {
+  constexpr int kAcc = zmm_tile_acc(TP);
   const int64_t fstride = streams * p.H;
   const int64_t total = (m1 - m0) + (squares ? 1 : 0);
-  const int64_t tiles = (total + kZmmTileAcc - 1) / kZmmTileAcc;
+  const int64_t tiles = (total + kAcc - 1) / kAcc;
   int64_t m = m0;
   for (int64_t t = 0; t < tiles; ++t) {
     const bool sq = squares && t == 0;
     const int64_t mr = total / tiles + (t < total % tiles ? 1 : 0) - (sq ? 1 : 0);
-    with_rows<kZmmTileAcc>(mr, sq, [&](auto mr_const, auto sq_const) {
+    with_rows<kAcc>(mr, sq, [&](auto mr_const, auto sq_const) {
       constexpr int MR = decltype(mr_const)::value;
       constexpr bool kSquares = decltype(sq_const)::value;
-      if constexpr (MR + kSquares <= kZmmTileAcc) {
+      if constexpr (MR + kSquares <= kAcc) {
         const float* f = p.fn + m * fstride;
-        int r = 0;
-        for (; r + 4 <= tb; r += 4) {
-          leaf_tile_zmm<2, MR, kSquares>(xs, streams, r, 4, f, fstride, p.H, c0, c1, leaves,
-                                         L.token_stride, L.stride, m, p.rows);
-        }
-        if (r < tb) {
-          leaf_tile_zmm<1, MR, kSquares>(xs, streams, r, std::min(2, tb - r), f, fstride, p.H, c0,
-                                         c1, leaves, L.token_stride, L.stride, m, p.rows);
-          r += 2;
-        }
-        if (r < tb) {
-          leaf_tile_zmm<1, MR, kSquares>(xs, streams, r, 1, f, fstride, p.H, c0, c1, leaves,
-                                         L.token_stride, L.stride, m, p.rows);
+        for (int r = r0; r < r1; r += 2 * TP) {
+          leaf_tile_zmm<TP, MR, kSquares>(xs, streams, r, std::min(2 * TP, r1 - r), f, fstride, p.H,
+                                          c0, c1, leaves, L.token_stride, L.stride, m, p.rows);
         }
       }
     });
     m += mr;
   }
+}
+
+// project_leaves on AVX-512: tokens eight at a time where that needs no more row tiles than four
+// at a time (hc_head's rows and squares: one tile either way; mhc_pre's 25 would need 5 tiles
+// instead of 3, each widening the tokens' bf16 values again, and measures slower), then four at a
+// time, then the last one to three in pairs (a lone token paired with itself).
+void project_leaves_zmm(const PreParams& p, const LeafLayout& L, int64_t streams,
+                        const BFloat16* const* xs, int tb, int64_t c0, int64_t c1, int64_t m0,
+                        int64_t m1, bool squares, float* leaves) {
+  const int64_t total = (m1 - m0) + (squares ? 1 : 0);
+  auto tiles = [&](int acc) { return (total + acc - 1) / acc; };
+  const bool eights = tiles(zmm_tile_acc(4)) <= tiles(zmm_tile_acc(2));
+  const int r8 = eights ? tb - tb % 8 : 0, r4 = tb - tb % 4;
+  if (r8 > 0) project_tokens_zmm<4>(p, L, streams, xs, 0, r8, c0, c1, m0, m1, squares, leaves);
+  if (r4 > r8) project_tokens_zmm<2>(p, L, streams, xs, r8, r4, c0, c1, m0, m1, squares, leaves);
+  if (tb > r4) project_tokens_zmm<1>(p, L, streams, xs, r4, tb, c0, c1, m0, m1, squares, leaves);
 }
 #endif
 
