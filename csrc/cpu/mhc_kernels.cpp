@@ -376,6 +376,7 @@ constexpr int64_t kSpan = 128;             // hidden positions per leaf (a multi
 constexpr int64_t kSplitSpans = 8;         // leaves per decode work item (and per decode pass)
 constexpr int64_t kBlockLeaves = 4;        // leaves per pass of a token block
 constexpr int64_t kParallelMacs = 100000;  // smaller decode projections run on one thread
+constexpr int64_t kFirstTileRows = 4;      // fn rows in a row tile that also sums the squares
 static_assert(kSpan % kV2 == 0, "a leaf holds whole 16-value steps");
 
 // out[j] = lane_sum of the vector at v + j * kV, for j < 8 (three horizontal adds on AVX2).
@@ -952,9 +953,10 @@ struct RowsReady {
 // rows over the whole hidden dim: each thread reads the same part of fn in every call, a part
 // spread over all cache sets, so that it can stay in the thread's L2 (a share of the hidden dim
 // would fall on a fraction of the sets, fn's rows being a multiple of 4 KiB apart). Otherwise
-// threads take groups of leaves of all tokens, producing the rows they project. Larger calls
-// give each thread whole blocks of tokens, whose rows stay in cache from their production
-// through the projection to the collapse.
+// threads take groups of leaves of all tokens, producing the rows they project; so they do too
+// for hc_head's few rows, whose fn is small enough that a share of the hidden dim stays in L2
+// all the same. Larger calls give each thread whole blocks of tokens, whose rows stay in cache
+// from their production through the projection to the collapse.
 template <typename Produce, typename ProjRow, typename StreamRow>
 void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&& proj_row,
                 StreamRow&& stream_row) {
@@ -964,7 +966,10 @@ void pre_tokens(const PreParams& p, int64_t streams, Produce&& produce, ProjRow&
     float* leaves = scratch(0, tb * L.token_stride);
     // Waking the other threads costs more than a small projection.
     const bool small = p.T * p.rows * streams * p.H < kParallelMacs;
-    if constexpr (std::is_same_v<std::decay_t<Produce>, RowsReady>) {
+    // hc_head's few rows (all of them and the squares in one tile) would leave each thread
+    // widening every stream value for one or two rows: there the threads take leaves instead.
+    constexpr bool kRowsReady = std::is_same_v<std::decay_t<Produce>, RowsReady>;
+    if (kRowsReady && p.rows > kFirstTileRows) {
       const int64_t parts = small ? 1 : std::clamp<int64_t>(at::get_num_threads(), 1, p.rows);
       at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
         for (int64_t q = begin; q < end; ++q) {
