@@ -48,6 +48,7 @@ struct Choice {
   const char* needs;         // what the CPU must have, for the refusal
   const KernelTable* table;  // nullptr where this build does not compile it
   bool (*supported)();
+  bool forced_only = false;  // never picked unless MHC_SP_CPU_KERNELS names it
 };
 
 // Best first.
@@ -68,13 +69,19 @@ const Choice kChoices[] = {
     {"avx2", "AVX2, FMA and F16C", nullptr, has_avx2},
 #endif
     {"default", "nothing", &DEFAULT::table, has_nothing_more},
+// Testing builds: the AVX-512 tables' source with its zmm intrinsics emulated on AVX2, for the
+// cross-table tests on machines without AVX-512 (as fast as nothing; never picked by itself).
+#if defined(MHC_SP_HAVE_CPU_AVX512_EMULATED)
+    {"avx512_emulated", "AVX2, FMA and F16C", &AVX512_EMULATED::table, has_avx2, true},
+    {"avx512_bf16_emulated", "AVX2, FMA and F16C", &AVX512_BF16_EMULATED::table, has_avx2, true},
+#endif
 };
 
 const KernelTable& select_kernels() {
   const char* forced = std::getenv("MHC_SP_CPU_KERNELS");
   if (forced == nullptr || *forced == '\0') {
     for (const Choice& c : kChoices) {
-      if (c.table != nullptr && c.supported()) return *c.table;
+      if (c.table != nullptr && !c.forced_only && c.supported()) return *c.table;
     }
   }
   for (const Choice& c : kChoices) {

@@ -19,6 +19,9 @@
 #include "mhc_sp/detail/kernels.h"
 #include "mhc_sp/detail/coefficients.h"
 #include "mhc_sp/detail/dispatch.h"
+#if defined(MHC_SP_CPU_AVX512_EMULATED)
+#include "zmm_emulated.h"
+#endif
 
 namespace mhc_sp::cpu {
 namespace MHC_SP_CPU_ISA {
@@ -138,33 +141,41 @@ inline Vec broadcast_coefficient(float v) { return Vec(canonical_coefficient(v))
 // order, so the results are bitwise those of the AVX2 table (docs/design.md §3b). Elementwise
 // loops take 32 values per step; the projection holds two tokens' accumulators of one fn row in
 // a zmm.
+#if defined(MHC_SP_CPU_AVX512_EMULATED)
+using namespace zmm_emulated;  // Zmm, Zmmi and the intrinsics below, lane by lane
+#else
 using Zmm = __m512;
+using Zmmi = __m512i;
+#if defined(MHC_SP_CPU_AVX512_BF16)
+inline Zmmi zmm_bits(__m512bh v) { return reinterpret_cast<Zmmi>(v); }
+#endif
+#endif
 constexpr int64_t kZ2 = 4 * kV;  // 32 values: two of load16's steps
 
 // Qword order of load32 (and its own inverse): the unpacks then give load16's order.
-inline __m512i load32_qwords() { return _mm512_setr_epi64(0, 4, 2, 6, 1, 5, 3, 7); }
+inline Zmmi load32_qwords() { return _mm512_setr_epi64(0, 4, 2, 6, 1, 5, 3, 7); }
 
 // 32 bf16 values as two zmm: a holds load16's (a, b) of values [0, 16) as its low and high half,
 // b those of [16, 32), so that a sum over a's lanes then b's adds every value where load16's a or
 // b would (the collapse's sum of squares).
 inline void load32(const BFloat16* p, Zmm& a, Zmm& b) {
-  const __m512i v = _mm512_permutexvar_epi64(load32_qwords(), _mm512_loadu_si512(p));
+  const Zmmi v = _mm512_permutexvar_epi64(load32_qwords(), _mm512_loadu_si512(p));
   a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), v));
   b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), v));
 }
 
 inline void load32(const float* p, Zmm& a, Zmm& b) {
-  const __m512i order = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  const Zmmi order = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
   a = _mm512_permutexvar_ps(order, _mm512_loadu_ps(p));
   b = _mm512_permutexvar_ps(order, _mm512_loadu_ps(p + 16));
 }
 
 // bf16_bits on 16 lanes.
 template <bool kAnyNaN>
-inline __m512i bf16_bits(Zmm f) {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
+inline Zmmi bf16_bits(Zmm f) {
+  const Zmmi u = _mm512_castps_si512(f);
+  const Zmmi odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const Zmmi rounded =
       _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
   if constexpr (!kAnyNaN) return rounded;
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
@@ -181,8 +192,8 @@ inline void store32(BFloat16* p, Zmm& a, Zmm& b) {
   // Without kAnyNaN every NaN has a zero low half, which both round alike.
   constexpr int kSpecial = 0x20 | (kAnyNaN ? 0x81 : 0);  // denormal; quiet and signalling NaN
   if ((_mm512_fpclass_ps_mask(a, kSpecial) | _mm512_fpclass_ps_mask(b, kSpecial)) == 0) {
-    const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a's lanes low
-    const __m512i order = _mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7);  // lanes -> memory order
+    const Zmmi r = zmm_bits(_mm512_cvtne2ps_pbh(b, a));            // a's lanes low
+    const Zmmi order = _mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7);  // lanes -> memory order
     _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, r));
     if constexpr (kRounded) {
       auto widen = [](__m256i h) {
@@ -194,7 +205,7 @@ inline void store32(BFloat16* p, Zmm& a, Zmm& b) {
     return;
   }
 #endif
-  const __m512i lo = bf16_bits<kAnyNaN>(a), hi = bf16_bits<kAnyNaN>(b);
+  const Zmmi lo = bf16_bits<kAnyNaN>(a), hi = bf16_bits<kAnyNaN>(b);
   _mm512_storeu_si512(p, _mm512_permutexvar_epi64(load32_qwords(), _mm512_packus_epi32(lo, hi)));
   if constexpr (kRounded) {
     a = _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16));
@@ -606,10 +617,10 @@ constexpr __mmask32 kOddWords = 0xAAAAAAAAu;
 template <int TP, int MR, bool kSquares>
 C10_ALWAYS_INLINE void zmm_steps(Zmm (&a)[TP][MR], Zmm (&sq)[TP], const BFloat16* const* x,
                                  const float* f, int64_t fstride, int64_t len) {
-  const __m512i w0 = _mm512_load_si512(kWidenWords.w[0]), w1 = _mm512_load_si512(kWidenWords.w[1]);
+  const Zmmi w0 = _mm512_load_si512(kWidenWords.w[0]), w1 = _mm512_load_si512(kWidenWords.w[1]);
   int64_t k = 0;
   for (; k + 2 * kV <= len; k += 2 * kV) {
-    __m512i src[TP];
+    Zmmi src[TP];
     for (int q = 0; q < TP; ++q) {
       src[q] = _mm512_inserti64x4(
           _mm512_castsi256_si512(

@@ -105,7 +105,8 @@ except ImportError as e:
         f"source folder: {REINSTALL}"
     )
 # The CPU kernel table is picked on the extension's first use (here): the best the CPU has, or the
-# one MHC_SP_CPU_KERNELS names (default, avx2, avx512, avx512_bf16; refused where the CPU lacks it).
+# one MHC_SP_CPU_KERNELS names (default, avx2, avx512, avx512_bf16, and in testing builds the
+# emulated avx512_emulated, avx512_bf16_emulated; refused where the CPU lacks what it needs).
 _CPU_KERNELS_FORCED = os.environ.get(CPU_KERNELS_ENV, "")
 _check_build(_C.build_info())
 

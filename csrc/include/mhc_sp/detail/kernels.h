@@ -92,6 +92,13 @@ extern const KernelTable table;  // AVX-512 F/BW/VL/DQ
 namespace AVX512_BF16 {
 extern const KernelTable table;  // AVX512 and AVX512-BF16's rounding to bf16
 }
+// Testing builds: the AVX512 and AVX512_BF16 sources run on an AVX2 CPU (csrc/cpu/zmm_emulated.h).
+namespace AVX512_EMULATED {
+extern const KernelTable table;
+}
+namespace AVX512_BF16_EMULATED {
+extern const KernelTable table;
+}
 }  // namespace cpu
 
 #if defined(MHC_SP_WITH_CUDA)
