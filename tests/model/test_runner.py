@@ -351,7 +351,7 @@ def world_worker(rank, world):
 
 @pytest.fixture(scope="module")
 def world():
-    return run_world(WORLD, world_worker, timeout=300)
+    return run_world(WORLD, world_worker, timeout=300, start="forkserver")
 
 
 @pytest.mark.distributed

@@ -110,5 +110,5 @@ def worker_sharded_equals_replicated(rank, world):
 
 
 def test_sharded_rows_equal_replicated_rows_bitwise():
-    counts = run_world(4, worker_sharded_equals_replicated)
+    counts = run_world(4, worker_sharded_equals_replicated, start="forkserver")
     assert counts == [len(TOKENS) * sum(1 for tp in TP if r < tp) for r in range(4)]
