@@ -4,6 +4,7 @@ profiles and the golden-data fixtures. The layout (one package per subject, help
 described in tests/__init__.py; modules import each other by their path from the repository root
 (``from tests.helpers.boundaries import worker_fused_ops``)."""
 
+import gc
 import importlib.util
 import os
 from pathlib import Path
@@ -31,6 +32,14 @@ def subject_of(path) -> str | None:
     except ValueError:
         return None
     return parts[0] if len(parts) > 1 and parts[0] in SUBJECTS else None
+
+
+def pytest_collection_finish(session):
+    """torch, hypothesis and the collected tests leave this process holding some 200 000 objects
+    that live to its end; frozen, the garbage collector no longer walks them on every full
+    collection (in a profile of the suite it took a sixth of this process's CPU time)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
