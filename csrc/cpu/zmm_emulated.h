@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #undef _mm512_setr_epi64
 #undef _mm512_setr_epi32
@@ -178,48 +179,46 @@ inline Zmmi _mm512_cvtepu16_epi32(__m256i v) {
 }
 
 // ---- Arithmetic ------------------------------------------------------------------------------
-inline Zmm _mm512_add_ps(const Zmm& a, const Zmm& b) {
-  Zmm z;
-  for (int i = 0; i < 16; ++i) z.f[i] = a.f[i] + b.f[i];
+// Lane i of the result is f(lane i of each operand).
+template <typename Z, typename F, typename... Zs>
+inline Z lanewise(F f, const Z& a, const Zs&... rest) {
+  Z z;
+  if constexpr (std::is_same_v<Z, Zmm>) {
+    for (int i = 0; i < 16; ++i) z.f[i] = f(a.f[i], rest.f[i]...);
+  } else {
+    for (int i = 0; i < 16; ++i) z.d[i] = f(a.d[i], rest.d[i]...);
+  }
   return z;
 }
 
+inline Zmm _mm512_add_ps(const Zmm& a, const Zmm& b) {
+  return lanewise([](float x, float y) { return x + y; }, a, b);
+}
+
 inline Zmm _mm512_mul_ps(const Zmm& a, const Zmm& b) {
-  Zmm z;
-  for (int i = 0; i < 16; ++i) z.f[i] = a.f[i] * b.f[i];
-  return z;
+  return lanewise([](float x, float y) { return x * y; }, a, b);
 }
 
 // a * b + c rounded once.
 inline Zmm _mm512_fmadd_ps(const Zmm& a, const Zmm& b, const Zmm& c) {
-  Zmm z;
-  for (int i = 0; i < 16; ++i) z.f[i] = std::fma(a.f[i], b.f[i], c.f[i]);
-  return z;
+  return lanewise([](float x, float y, float w) { return std::fma(x, y, w); }, a, b, c);
 }
 
 inline Zmmi _mm512_add_epi32(const Zmmi& a, const Zmmi& b) {
-  Zmmi z;
-  for (int i = 0; i < 16; ++i) z.d[i] = a.d[i] + b.d[i];
-  return z;
+  return lanewise([](uint32_t x, uint32_t y) { return x + y; }, a, b);
 }
 
 inline Zmmi _mm512_and_si512(const Zmmi& a, const Zmmi& b) {
-  Zmmi z;
-  for (int i = 0; i < 16; ++i) z.d[i] = a.d[i] & b.d[i];
-  return z;
+  return lanewise([](uint32_t x, uint32_t y) { return x & y; }, a, b);
 }
 
 // Logical shifts; a count above 31 gives 0.
 inline Zmmi _mm512_srli_epi32(const Zmmi& a, unsigned imm) {
-  Zmmi z;
-  for (int i = 0; i < 16; ++i) z.d[i] = imm > 31 ? 0 : a.d[i] >> imm;
-  return z;
+  return lanewise([imm](uint32_t x) { return imm > 31 ? 0u : x >> imm; }, a);
 }
 
 inline Zmmi _mm512_slli_epi32(const Zmmi& a, unsigned imm) {
-  Zmmi z;
-  for (int i = 0; i < 16; ++i) z.d[i] = imm > 31 ? 0 : a.d[i] << imm;
-  return z;
+  return lanewise([imm](uint32_t x) { return imm > 31 ? 0u : x << imm; }, a);
 }
 
 // ---- Masks, compares, classes ----------------------------------------------------------------
