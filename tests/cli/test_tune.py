@@ -63,7 +63,7 @@ def test_threshold_is_the_smallest_count_from_which_sp_is_never_slower():
     assert decide.faster_from(rows_of(FAST, FAST, UNSURE)) is None
 
 
-def test_issue_43_both_outcomes_at_the_smallest_count_give_one_threshold():
+def test_both_outcomes_at_the_smallest_count_give_one_threshold():
     """The five runs that answered 1, 4, 4, 1 and 1: at 1 token (and 2, measured near the
     crossover) SP was faster by the margin in some runs and not settled in others."""
     faster_at_1 = rows_of((1.06, 1.09, 1.16), (1.25, 1.56, 2.14), FAST)
@@ -261,7 +261,7 @@ def sweeps(draw):
     return kinds, intervals, noise
 
 
-@example(  # the issue: faster by the margin at 1 token in one run, not settled in the next
+@example(  # the two answers: faster by the margin at 1 token in one run, not settled in the next
     (
         ["near", "faster", "faster"],
         [(1.06, 1.09, 1.16), (1.25, 1.56, 2.14), (1.7, 1.8, 1.9)],
