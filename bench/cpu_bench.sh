@@ -12,11 +12,11 @@ R=bench/results
 mkdir -p "$R" docs/img
 # The main job: from how many tokens SP pays off here (tp 2, V4-Flash's hidden size).
 $BENCH tune -tp 2 --hidden-size 4096 --json $R/cpu_tune.json
-# The same question five times at hidden size 1024, and the bare command five times: the
-# recommendation must hold still (bench/results/cpu_stability.json gathers the ten).
-bash bench/tune_stability.sh tune
-bash bench/tune_stability.sh bare
-bash bench/tune_stability.sh summary
+# The same question five times each at hidden sizes 1024 and 4096 on 2 and 3 ranks, and the
+# bare command five times: the recommendation must hold still (one record per command,
+# bench/results/cpu_stability_*.json; `... table` prints the docs' table of them).
+bash bench/tune_stability.sh all
+bash bench/tune_stability.sh table
 # One SP boundary on 2 ranks of one thread each: fused vs replicated vs separate ops, over shared
 # memory and over gloo in the same run.
 $BENCH layer --device cpu -tp 2 --tokens 2,4,8,16,32,64,128,256,512,1024,2048,4096 \

@@ -1,58 +1,89 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The main job's stability: five identical runs of `mhc-sp-bench tune -tp 2 --hidden-size 1024`
-# (`bash bench/tune_stability.sh tune`) and five of the bare `mhc-sp-bench` (`... bare`), each
-# recorded with its command and wall time; `... summary` then gathers the ten recommendations,
-# bands, wall times and load averages, and the machine (lscpu's model name), into
-# bench/results/cpu_stability.json (docs/benchmarks.md quotes it). Run each set on a quiet
-# machine: the times of a run that waits for a core are not this machine's.
+# The tuner's stability: five identical runs of one tuner command, one after the other, folded
+# into one record per command, bench/results/cpu_stability_NAME.json (docs/benchmarks.md quotes
+# them; tests/repo/test_readme.py checks the quotes against them).
+#   bash bench/tune_stability.sh NAME...  NAME: h1024_tp2 h4096_tp2 h1024_tp3 h4096_tp3 bare, or all
+#   bash bench/tune_stability.sh table    docs/benchmarks.md's table of the records: answers, load, wall
+# A record is run 1's --json document (what `mhc-sp-bench show` prints) with every run's document
+# in `runs`, each with /proc/loadavg read just before it started (`load_before`; the document's
+# own load_average is read at its end) and its wall time. The machine may be shared: the load
+# says how busy it was, and the answers must hold all the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-.venv/bin/mhc-sp-bench}
+PY=${PY:-.venv/bin/python}
 R=bench/results
-mkdir -p "$R"
-run() {  # run NAME ARGS...: one run, its --json and its wall time
-  local name=$1
-  shift
-  local start end
-  start=$(date +%s.%N)
-  $BENCH "$@" --json "$R/$name.json" >/dev/null
-  end=$(date +%s.%N)
-  .venv/bin/python - "$R/$name.json" "$start" "$end" <<'PY'
-import json, sys
-path, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-doc = json.load(open(path))
-doc["wall_s"] = round(end - start, 2)
-json.dump(doc, open(path, "w"), indent=1)
+RUNS=${RUNS:-5}
+args_of() {  # the tuner command of each record
+  case $1 in
+    h1024_tp2) echo "tune -tp 2 --hidden-size 1024" ;;
+    h4096_tp2) echo "tune -tp 2 --hidden-size 4096" ;;
+    h1024_tp3) echo "tune -tp 3 --hidden-size 1024" ;;
+    h4096_tp3) echo "tune -tp 3 --hidden-size 4096" ;;
+    bare) echo "" ;;
+    *) echo "tune_stability.sh: unknown record '$1' (h1024_tp2 h4096_tp2 h1024_tp3 h4096_tp3 bare all table)" >&2; exit 2 ;;
+  esac
+}
+record() {  # record NAME: RUNS runs of its command, folded into one file
+  local name=$1 args out runs
+  args=$(args_of "$name")
+  out=$R/cpu_stability_$name.json
+  runs=$(mktemp -d)
+  trap 'rm -rf "$runs"' RETURN
+  for k in $(seq 1 "$RUNS"); do
+    cut -d' ' -f1-3 /proc/loadavg > "$runs/$k.load"
+    local start end
+    start=$(date +%s.%N)
+    # shellcheck disable=SC2086  # the command's words
+    timeout 600 $BENCH $args --json "$out" > /dev/null
+    end=$(date +%s.%N)
+    echo "$start $end" > "$runs/$k.time"
+    cp "$out" "$runs/$k.json"
+    echo "$name run $k: $(cat "$runs/$k.load") -> $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["recommended_sp_threshold"])' "$runs/$k.json")" >&2
+  done
+  "$PY" - "$runs" "$RUNS" "$out" "$name" <<'PY'
+import json, os, sys
+runs, n, out, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+docs = []
+for k in range(1, n + 1):
+    doc = json.load(open(os.path.join(runs, f"{k}.json")))
+    start, end = map(float, open(os.path.join(runs, f"{k}.time")).read().split())
+    load = [float(v) for v in open(os.path.join(runs, f"{k}.load")).read().split()]
+    docs.append({"run": k, "load_before": load, "wall_s": round(end - start, 2), **doc})
+record = {k: v for k, v in docs[0].items() if k not in ("run", "load_before", "wall_s")}
+record["stability"] = {
+    "script": f"bash bench/tune_stability.sh {name}",
+    "about": "the top level is run 1's document; runs holds every run's, one after the other",
+    "recommended_sp_thresholds": [d["recommended_sp_threshold"] for d in docs],
+}
+record["runs"] = docs
+json.dump(record, open(out, "w"), indent=1)
 PY
 }
-case "${1:-}" in
-  tune) for k in 1 2 3 4 5; do run "cpu_stability_tune_h1024_run$k" tune -tp 2 --hidden-size 1024; done ;;
-  bare) for k in 1 2 3 4 5; do run "cpu_stability_bare_run$k"; done ;;
-  summary)
-    lscpu | sed -n 's/^Model name: *//p' | head -1 > "$R/.cpu_model"
-    .venv/bin/python - "$R" <<'PY'
-import glob, json, os, sys
-R = sys.argv[1]
-model = open(os.path.join(R, ".cpu_model")).read().strip()
-os.remove(os.path.join(R, ".cpu_model"))
-runs = []
-for path in sorted(glob.glob(os.path.join(R, "cpu_stability_*_run*.json"))):
-    doc = json.load(open(path))
-    runs.append({
-        "file": os.path.relpath(path),
-        "command": doc["command"],
-        "wall_s": doc.get("wall_s"),
-        "load_average": doc["environment"].get("load_average"),
-        "recommended_sp_threshold": doc["recommended_sp_threshold"],
-        "band_tokens": doc.get("band_tokens"),
-        "speedup_x": {r["tokens"]: round(r["speedup_x"], 3) for r in doc["rows"]},
-    })
-out = {"machine": model, "command": "bash bench/tune_stability.sh tune; bash bench/tune_stability.sh bare", "runs": runs}
-json.dump(out, open(os.path.join(R, "cpu_stability.json"), "w"), indent=1)
-for r in runs:
-    print(r["file"], r["recommended_sp_threshold"], r["band_tokens"], r["wall_s"], r["load_average"])
+table() {  # docs/benchmarks.md's table: one row per record made by this script
+  "$PY" - "$R" <<'PY'
+import json, os, re, sys
+print("| record | command | recommended, runs 1-5 | same cost, runs 1-5 | load before, 1 min | wall, s |")
+print("|---|---|---|---|---|---|")
+for record in ("h1024_tp2", "h4096_tp2", "h1024_tp3", "h4096_tp3", "bare"):
+    name = f"cpu_stability_{record}.json"
+    runs = json.load(open(os.path.join(sys.argv[1], name)))["runs"]
+    command = re.sub(r"^mhc-sp-bench | --json \S+$", "", runs[0]["command"])
+    cells = [
+        " ".join(str(r["recommended_sp_threshold"]) for r in runs),
+        " ".join("{}-{}".format(*r["same_cost_sp_thresholds"]) for r in runs),
+        " ".join(f"{r['load_before'][0]:.1f}" for r in runs),
+        " ".join(f"{r['wall_s']:.0f}" for r in runs),
+    ]
+    print(f"| `{name}` | `{command}` | " + " | ".join(cells) + " |")
 PY
-    ;;
-  *) echo "usage: bash bench/tune_stability.sh tune|bare|summary" >&2; exit 2 ;;
-esac
+}
+[ $# -gt 0 ] || { echo "usage: bash bench/tune_stability.sh NAME...|all|table" >&2; exit 2; }
+for name in "$@"; do
+  case $name in
+    all) for n in h1024_tp2 h4096_tp2 h1024_tp3 h4096_tp3 bare; do record "$n"; done ;;
+    table) table ;;
+    *) record "$name" ;;
+  esac
+done

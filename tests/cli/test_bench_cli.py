@@ -379,6 +379,6 @@ def test_layer_quick_over_both_transports(tmp_path, capsys):
     assert [r["x_gloo"] for r in rows if r["transport"] == "gloo"] == [1.0, 1.0]
     for t in ("shm", "gloo"):
         mine = [r for r in rows if r["transport"] == t]
-        assert doc["sharded_beats_replicated_from_tokens"][f"tp=2 {t}"] == decide.recommend(mine)
+        assert doc["sharded_beats_replicated_from_tokens"][f"tp=2 {t}"] == decide.faster_from(mine)
     assert "sharded beats replicated from: tp=2 shm: " in capsys.readouterr().out
     assert csv_path.read_text().splitlines()[1].startswith("tensor_parallel_size,tokens,")

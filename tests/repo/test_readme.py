@@ -2,7 +2,8 @@
 """The README's and the docs' promises: the README opens with the two commands a new user runs
 (CI runs its test command verbatim), gets to a measured result quickly and stays short; every
 mhc-sp-bench command in the README, the docs and bench/cpu_bench.sh parses; every recorded
-result they show is what `mhc-sp-bench show` prints for the file; the files they name exist."""
+result they show is what `mhc-sp-bench show` prints for the file; the files they name exist; the
+tuner's stability table quotes its records, whose answers are today's rule's."""
 
 import json
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mhc_sp.bench import cli
+from mhc_sp.bench import cli, decide
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -144,3 +145,32 @@ def test_the_recorded_nvtx_summary_in_the_docs_is_the_files():
         for r in recorded["ranges"]
     ]
     assert shown == want
+
+
+def test_the_stability_table_quotes_the_records():
+    """docs/benchmarks.md's table of five identical tuner runs per command: each row's answers,
+    ranges of thresholds that cost the same, load before each run and wall times are its
+    record's (bench/tune_stability.sh), and every answer is today's rule's on that run's rows."""
+    doc = DOCS["docs/benchmarks.md"]
+    cell = r" \| ([^|]+)"
+    rows = re.findall(
+        r"^\| `(cpu_stability_\w+\.json)` \| `([^`]*)`" + cell * 4 + r" \|$", doc, re.M
+    )
+    assert {r[0] for r in rows} >= {
+        f"cpu_stability_{name}.json"
+        for name in ("h1024_tp2", "h4096_tp2", "h1024_tp3", "h4096_tp3", "bare")
+    }
+    for name, command, answers, same_cost, load, wall in rows:
+        record = json.loads((ROOT / "bench" / "results" / name).read_text())
+        runs = record["runs"]
+        assert len(runs) == 5
+        for run in runs:
+            assert run["command"] == f"mhc-sp-bench {command} --json bench/results/{name}"
+            capture = run["max_cudagraph_capture_size"]
+            assert run["recommended_sp_threshold"] == decide.recommend(run["rows"], capture)
+            assert run["same_cost_sp_thresholds"] == list(decide.same_cost(run["rows"], capture))
+        assert answers.split() == [str(r["recommended_sp_threshold"]) for r in runs]
+        assert same_cost.split() == ["{}-{}".format(*r["same_cost_sp_thresholds"]) for r in runs]
+        assert load.split() == [f"{r['load_before'][0]:.1f}" for r in runs]
+        assert wall.split() == [f"{r['wall_s']:.0f}" for r in runs]
+        assert record["stability"]["recommended_sp_thresholds"] == [int(a) for a in answers.split()]

@@ -113,10 +113,11 @@ def rows_from_samples(per_rank: list[dict], world: int, tokens: list[int], H: in
 
 def crossover(rows: list[dict]) -> dict:
     """Per tensor-parallel size and transport: the smallest count from which sharded beats
-    replicated (the rule of :func:`decide.recommend`; None: not in the measured range)."""
+    replicated at that count and every larger one (:func:`decide.faster_from`; None: not in the
+    measured range)."""
     keys = dict.fromkeys((r["tensor_parallel_size"], r["transport"]) for r in rows)
     return {
-        f"tp={tp} {t}": decide.recommend(
+        f"tp={tp} {t}": decide.faster_from(
             [r for r in rows if (r["tensor_parallel_size"], r["transport"]) == (tp, t)]
         )
         for tp, t in keys

@@ -16,12 +16,18 @@ Times are medians with their p10-p90 spread; the speedup is the median of the pa
 (without / with SP) with its 95% confidence interval. Differences under 5% are within the
 measurement's resolution: SP counts as faster at a count only when that whole interval lies above
 1.05, slower when below 0.95, equivalent when within 0.95-1.05, and not settled otherwise (such
-counts get more rounds). The recommended threshold is the smallest count from which SP is faster
-at that count and at every larger one, above --max-cudagraph-capture-size (SP never engages on a
-captured size); the counts below it where the two are not told apart form the band, and the
-verdict says what choosing the band's lower end would cost. Before deciding, the counts between
-the threshold and the next smaller measured count (powers of two) are measured too, with four
-times the rounds. Where no count qualifies, the verdict says so.
+counts get more rounds).
+
+The recommended threshold is the smallest measured count from which SP is never slower by more
+than the margin (above the largest count where it is), above --max-cudagraph-capture-size (SP
+never engages on a captured size); there is none when SP is faster at no count from there on.
+From the threshold up to the first count where SP is faster, SP and no SP are not told apart:
+that is the band, and every threshold in it costs the same within the margin; the verdict names
+it and what SP costs there at worst. Noise within the margin moves a count between faster,
+equivalent and not settled, which moves the band's upper end but never the threshold. Before
+deciding, the counts between the largest count where SP is slower and the threshold (powers of
+two) are measured too, with four times the rounds. Where no count qualifies, the verdict says
+so.
 
 mhc-sp-bench project --calibrate FILE fits the analytical cost model to the --json file of a
 tune run, to estimate other sizes."""
@@ -92,7 +98,8 @@ def _measure(
     max_capture: int,
 ) -> dict:
     """This rank's samples of both ways at every count (:func:`sample_across_ranks`): the sweep,
-    then the counts :func:`decide.refine_between` names between the band and the threshold."""
+    then the counts :func:`decide.refine_between` names between the largest count where SP is
+    slower and the threshold."""
     import torch.distributed as dist
 
     import mhc_sp.distributed as msd
@@ -188,7 +195,7 @@ def run(args) -> int:
         return 1
     rows = rows_from_samples(per_rank, sorted(per_rank[0]["samples"]))
     capture = args.max_cudagraph_capture_size
-    threshold = decide.recommend(rows, capture)
+    same_cost = decide.same_cost(rows, capture)
     doc = report.document(
         "tune",
         rows,
@@ -203,10 +210,11 @@ def run(args) -> int:
             "repeats": args.repeats,
             "interval": f"{decide.CONFIDENCE:.0%} confidence interval of the median paired ratio",
             "max_cudagraph_capture_size": capture,
-            "recommended_sp_threshold": threshold,
+            "recommended_sp_threshold": decide.recommend(rows, capture),
             "margin": decide.MARGIN,
-            "band_tokens": [r["tokens"] for r in decide.band(rows, threshold, capture)],
-            "verdict": decide.verdict(rows, threshold, tp, capture),
+            "band_tokens": [r["tokens"] for r in decide.band(rows, capture)],
+            "same_cost_sp_thresholds": None if same_cost is None else list(same_cost),
+            "verdict": decide.verdict(rows, tp, capture),
         },
         argv=args.argv,
     )
@@ -228,6 +236,7 @@ def present(doc: dict) -> tuple:
         f"settled by then.",
         f"Times: the slowest rank's, median [p10-p90]; speedup: without / with SP, median "
         f"[{decide.CONFIDENCE:.0%} CI].",
+        decide.RULE.format(margin=f"{decide.MARGIN:.0%}"),
     ]
     columns = [
         report.col("tokens"),
@@ -237,11 +246,9 @@ def present(doc: dict) -> tuple:
         ("faster", decide.classify),  # by today's rule, also for a file recorded before it
         report.col("rounds"),
     ]
+    # The verdict by today's rule, as the "faster" column, also for a file recorded before it.
     said = decide.verdict(
-        doc["rows"],
-        doc["recommended_sp_threshold"],
-        doc["tensor_parallel_size"],
-        doc["max_cudagraph_capture_size"],
+        doc["rows"], doc["tensor_parallel_size"], doc["max_cudagraph_capture_size"]
     )
     verdict = [part for line in said for part in wrap(line)]
     return intro, columns, verdict, plot
@@ -264,7 +271,7 @@ def plot(ax, doc: dict) -> None:
             [r[f"{name}_p90_ms"] - m for m, r in zip(mid, rows)],
         ]
         ax.errorbar(tokens, mid, yerr=err, marker="o", capsize=3, label=label)
-    threshold = doc["recommended_sp_threshold"]
+    threshold = decide.recommend(rows, doc["max_cudagraph_capture_size"])  # as the verdict
     report.mark_crossover(ax, threshold, f"--sp-threshold {threshold}")
     report.log2_tokens_axis(ax, "tokens")
     ax.set_yscale("log")
