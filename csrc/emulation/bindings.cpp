@@ -12,6 +12,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "emulation/device.h"
+#include "emulation/internal.h"
 #include "emulation/selftest.h"
 #include "emulation/world.h"
 #include "cuda/math_launch.cuh"
@@ -116,40 +117,110 @@ World::Call rank_call(const std::string& op, const py::tuple& a) {
                     op, "'");
 }
 
-py::list run_world(World& w, const std::vector<std::optional<std::pair<std::string, py::tuple>>>& c,
-                   const std::vector<double>& delays_s) {
-  std::vector<World::Call> calls;
-  for (const auto& item : c) calls.push_back(item ? rank_call(item->first, item->second) : nullptr);
-  std::vector<World::Outcome> out;
-  {
-    const py::gil_scoped_release release;
-    out = w.run(calls, delays_s);
+// The calls of every rank: a list per rank of (op, schema arguments), or None for a rank that
+// never arrives.
+using RankCalls = std::vector<std::optional<std::vector<std::pair<std::string, py::tuple>>>>;
+
+std::vector<std::vector<World::Call>> rank_calls(const RankCalls& c) {
+  std::vector<std::vector<World::Call>> calls;
+  for (const auto& rank : c) {
+    calls.emplace_back();
+    if (!rank) continue;
+    for (const auto& [op, args] : *rank) calls.back().push_back(rank_call(op, args));
   }
+  return calls;
+}
+
+py::object error_object(const World::Outcome& o) {
+  return py::module_::import("builtins")
+      .attr(o.value_error ? "ValueError" : "RuntimeError")(o.error);
+}
+
+// One result per rank: None (no calls), the exception that stopped it, or its outputs (a tuple
+// per call when `sequences`, else the one call's tuple).
+py::list results(const RankCalls& c, const std::vector<World::Outcome>& out, bool sequences) {
   py::list result;
   for (size_t r = 0; r < out.size(); ++r) {
-    if (!calls[r]) {
+    if (!c[r]) {
       result.append(py::none());
     } else if (!out[r].error.empty()) {
-      result.append(out[r].value_error
-                        ? py::module_::import("builtins").attr("ValueError")(out[r].error)
-                        : py::module_::import("builtins").attr("RuntimeError")(out[r].error));
+      result.append(error_object(out[r]));
+    } else if (sequences) {
+      py::list calls;
+      for (const auto& o : out[r].outputs) calls.append(py::tuple(py::cast(o)));
+      result.append(calls);
     } else {
-      result.append(py::tuple(py::cast(out[r].outputs)));
+      result.append(py::tuple(py::cast(out[r].outputs.at(0))));
     }
   }
   return result;
 }
 
+py::list run_world(World& w, const std::vector<std::optional<std::pair<std::string, py::tuple>>>& c,
+                   const std::vector<double>& delays_s) {
+  RankCalls seqs;
+  for (const auto& item : c) {
+    seqs.push_back(item ? std::optional(std::vector{*item}) : std::nullopt);
+  }
+  const auto calls = rank_calls(seqs);
+  std::vector<World::Outcome> out;
+  {
+    const py::gil_scoped_release release;
+    out = w.run(calls, delays_s);
+  }
+  return results(seqs, out, false);
+}
+
+py::list run_sequences(World& w, const RankCalls& c, const std::vector<double>& delays_s,
+                       const std::vector<int64_t>& pauses_us) {
+  const auto calls = rank_calls(c);
+  std::vector<World::Outcome> out;
+  {
+    const py::gil_scoped_release release;
+    out = w.run(calls, delays_s, pauses_us);
+  }
+  return results(c, out, true);
+}
+
+py::tuple capture_world(World& w, const RankCalls& c) {
+  const auto calls = rank_calls(c);
+  std::vector<World::Outcome> out;
+  std::vector<std::shared_ptr<Graph>> graphs;
+  {
+    const py::gil_scoped_release release;
+    graphs = w.capture(calls, out);
+  }
+  return py::make_tuple(graphs, results(c, out, true));
+}
+
+py::list replay_world(World& w, const std::vector<std::shared_ptr<Graph>>& graphs) {
+  std::vector<std::string> errors;
+  {
+    const py::gil_scoped_release release;
+    errors = w.replay(graphs);
+  }
+  py::list out;
+  for (const std::string& e : errors) {
+    out.append(e.empty() ? py::none() : py::module_::import("builtins").attr("RuntimeError")(e));
+  }
+  return out;
+}
+
 void bind(py::module_& m) {
   m.def(
       "configure",
-      [](int sms, int blocks_per_sm, uint64_t seed, double launch_timeout_s) {
-        configure(DeviceConfig{sms, blocks_per_sm, seed, launch_timeout_s});
+      [](int sms, int blocks_per_sm, uint64_t seed, double launch_timeout_s,
+         const std::string& schedule, bool racecheck, bool delays) {
+        configure(DeviceConfig{sms, blocks_per_sm, seed, launch_timeout_s, schedule_named(schedule),
+                               racecheck, delays});
       },
       py::arg("sms") = 4, py::arg("blocks_per_sm") = 2, py::arg("seed") = 1,
-      py::arg("launch_timeout_s") = 120.0,
+      py::arg("launch_timeout_s") = 120.0, py::arg("schedule") = "mixed",
+      py::arg("racecheck") = true, py::arg("delays") = true,
       "Sets every emulated device: SMs, resident blocks per SM (the occupancy every kernel "
-      "gets), the seed of the threads' order in a block, and the launch timeout.");
+      "gets), the seed of the schedules and delays, the launch timeout, how a block's threads "
+      "are scheduled (mixed: each block draws random, warp_ahead, warp_behind or in_order), the "
+      "shared-memory racecheck, and the random delays at stores, polls and calls.");
   m.def("configure_device", &configure_device, py::arg("device"), py::arg("sms"),
         py::arg("blocks_per_sm"),
         "Gives one emulated device another size (until the next configure()).");
@@ -160,6 +231,9 @@ void bind(py::module_& m) {
     d["blocks_per_sm"] = c.blocks_per_sm;
     d["seed"] = c.seed;
     d["launch_timeout_s"] = c.launch_timeout_s;
+    d["schedule"] = schedule_name(c.schedule);
+    d["racecheck"] = c.racecheck;
+    d["delays"] = c.delays;
     return d;
   });
   m.def(
@@ -172,6 +246,26 @@ void bind(py::module_& m) {
         return out;
       },
       "(grid x, grid y, threads, cooperative) of every launch since reset_launches()");
+  m.def(
+      "timeline",
+      [] {
+        py::list out;
+        for (const LaunchRecord& r : launches()) {
+          py::dict d;
+          d["device"] = r.device;
+          d["grid"] = r.grid_x;
+          d["dependent"] = r.dependent;
+          d["start_ns"] = r.start_ns;
+          d["end_ns"] = r.end_ns;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every launch since reset_launches(): its device, grid, whether it was a programmatic "
+      "dependent, and when it started and completed (steady clock, ns)");
+  m.def(
+      "shared_variables", [] { return detail::shared_variables(); },
+      "(name, bytes) of every __shared__ variable the racecheck watches");
   m.def("reset_launches", &reset_launches);
   m.def(
       "events",
@@ -198,9 +292,17 @@ void bind(py::module_& m) {
   m.def("selftest_divergent_barrier", &selftest_divergent_barrier, nogil);
   m.def("selftest_partial_warp", &selftest_partial_warp, nogil);
   m.def("selftest_mma", &selftest_mma, py::arg("a"), py::arg("b"), nogil);
+  m.def("selftest_cross_warp", &selftest_cross_warp, py::arg("barrier"), nogil);
+  m.def("selftest_same_warp", &selftest_same_warp, nogil);
+  m.def("selftest_fresh_flag", &selftest_fresh_flag, py::arg("blocks"), nogil);
+  m.def("selftest_poll", &selftest_poll, py::arg("weak"), nogil);
+  m.def("selftest_gpu_scope_store", &selftest_gpu_scope_store, py::arg("host_mapped"), nogil);
+  m.def("selftest_unknown_ptx", &selftest_unknown_ptx, nogil);
+  m.def("selftest_pdl", &selftest_pdl, py::arg("n"), py::arg("wait"), nogil);
   m.def("selftest_chain", &selftest_chain, py::arg("blocks"), py::arg("wait_for_later"),
         py::arg("cooperative") = false, nogil);
 
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "Graph", "A captured stream of an emulated device");
   py::class_<World>(m, "World", "Simulated symm ranks on emulated devices")
       .def(py::init<int64_t, int64_t, int64_t, double, std::vector<int64_t>>(), py::arg("world"),
            py::arg("mailbox_slot_bytes"), py::arg("half_bytes"), py::arg("timeout_s"),
@@ -210,6 +312,20 @@ void bind(py::module_& m) {
       .def("run", &run_world, py::arg("calls"), py::arg("delays_s") = std::vector<double>{},
            "calls[r]: (op, schema arguments) for rank r, or None for a rank that never "
            "arrives. One result per rank: its outputs, the exception its call raised, or None.")
+      .def("run_sequences", &run_sequences, py::arg("calls"),
+           py::arg("delays_s") = std::vector<double>{},
+           py::arg("pauses_us") = std::vector<int64_t>{},
+           "calls[r]: a list of (op, schema arguments) that rank r makes one after another with "
+           "no join between calls, or None; pauses_us[r]: the most a seeded random pause before "
+           "each of rank r's calls lasts. One result per rank: a list of output tuples, the "
+           "exception that stopped it, or None.")
+      .def("call_spans", &World::call_spans,
+           "(start, end) of every call of the last run, per rank (the clock of timeline())")
+      .def("capture", &capture_world, py::arg("calls"),
+           "Captures every rank's list of calls as a graph on its device (nothing runs): "
+           "(graphs, the outputs each call will write).")
+      .def("replay", &replay_world, py::arg("graphs"),
+           "Replays every rank's graph at once: None per rank, or the error it raised.")
       .def("errors",
            [](const World& w) {
              py::list out;

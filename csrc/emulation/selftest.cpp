@@ -9,8 +9,9 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "mhc_sp/detail/boundary_protocol.h"
+#include "cuda/device/asm.cuh"
 #include "cuda/math_launch.cuh"
+#include "transport/symm/device/ptx.cuh"
 
 namespace mhc_sp::emulation {
 namespace {
@@ -72,12 +73,99 @@ __global__ void chain_kernel(uint64_t* flags, bool wait_for_later) {
   const int awaited = wait_for_later ? b + 1 : b - 1;
   if (threadIdx.x == 0) {
     if (awaited >= 0 && awaited < n) {
-      while (boundary::load_acquire(flags + awaited) == 0) {
+      while (cuda::load_acquire_sys(flags + awaited) == 0) {
       }
     }
-    boundary::store_release(flags + b, 1);
+    cuda::store_release_sys(flags + b, 1);
   }
   __syncthreads();
+}
+
+// Warp 0 writes, every warp meets at a shuffle (a warp collective, which orders lanes of one warp
+// only), warp 1 reads what warp 0 wrote: a race unless the barrier is there.
+__global__ void cross_warp_kernel(int* out, bool barrier) {
+  __shared__ int values[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp == 0) values[lane] = lane + 1;
+  const float one = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+  if (barrier) __syncthreads();
+  if (warp == 1) out[lane] = values[lane] * static_cast<int>(one);
+}
+
+// Lanes of one warp exchange through shared memory with a shuffle between: ordered.
+__global__ void same_warp_kernel(int* out) {
+  __shared__ int values[32];
+  values[threadIdx.x] = static_cast<int>(threadIdx.x) + 1;
+  const float one = __shfl_xor_sync(0xffffffffu, 1.f, 1);
+  out[threadIdx.x] = values[threadIdx.x ^ 1] * static_cast<int>(one);
+}
+
+// What a __shared__ flag that is only ever set holds when a block starts.
+__global__ void fresh_flag_kernel(int* out) {
+  __shared__ int flag;
+  if (threadIdx.x == 0) out[blockIdx.x] = flag;
+  __syncthreads();
+  if (threadIdx.x == 0) flag = 1;
+}
+
+// Block 0 spins on a word of host-mapped memory until block 1, a millisecond later, sets it: with
+// a relaxed system-scope load, or with a weak one (a poll the GPU may never see end).
+__global__ void poll_kernel(uint32_t* flag, bool weak) {
+  if (threadIdx.x != 0) return;
+  if (blockIdx.x == 1) {  // the store lands after 20 ms, however busy the host is
+    const uint64_t t0 = cuda::globaltimer_ns();
+    while (cuda::globaltimer_ns() - t0 < 20000000u) {
+      const uint32_t ns = 100000;
+      MHC_SP_ASM("nanosleep.u32 %0;", (), (MHC_SP_ASM_ARG("r", ns)), ());
+    }
+    const uint32_t one = 1;
+    MHC_SP_ASM("st.relaxed.sys.global.u32 [%0], %1;", (),
+               (MHC_SP_ASM_ARG("l", flag), MHC_SP_ASM_ARG("r", one)), ("memory"));
+    return;
+  }
+  uint32_t v = 0;
+  while (v == 0) {
+    if (weak) {
+      MHC_SP_ASM("ld.global.u32 %0, [%1];", (MHC_SP_ASM_ARG("=r", v)), (MHC_SP_ASM_ARG("l", flag)),
+                 ("memory"));
+    } else {
+      v = cuda::load_relaxed_sys(flag);
+    }
+  }
+}
+
+// A relaxed store at .gpu scope: to host-mapped memory (the host reads it) or device memory.
+__global__ void gpu_scope_store_kernel(uint32_t* p) {
+  const uint32_t one = 1;
+  if (threadIdx.x == 0) {
+    MHC_SP_ASM("st.relaxed.gpu.global.u32 [%0], %1;", (),
+               (MHC_SP_ASM_ARG("l", p), MHC_SP_ASM_ARG("r", one)), ("memory"));
+  }
+}
+
+// An instruction the interpreter does not know.
+__global__ void unknown_ptx_kernel(uint32_t* out) {
+  uint32_t v = 0;
+  const uint32_t a = 1, b = 2;
+  MHC_SP_ASM("add.u32 %0, %1, %2;", (MHC_SP_ASM_ARG("=r", v)),
+             (MHC_SP_ASM_ARG("r", a), MHC_SP_ASM_ARG("r", b)), ());
+  out[threadIdx.x] = v;
+}
+
+// Programmatic dependent launch: the primary lets its dependent start, then writes its result;
+// the dependent copies the result, after griddepcontrol.wait or (wrongly) without it.
+__global__ void pdl_primary_kernel(int* data, int n) {
+  cuda::trigger_dependent_grid();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    data[i] = i + 1;
+  }
+}
+
+__global__ void pdl_dependent_kernel(const int* data, int* out, int n, bool wait) {
+  if (wait) cuda::wait_for_prerequisite_grid();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    out[i] = data[i];
+  }
 }
 
 }  // namespace
@@ -123,6 +211,66 @@ void selftest_chain(int64_t blocks, bool wait_for_later, bool cooperative) {
   at::Tensor flags = at::zeros({blocks}, at::kLong);
   cuda::launch_kernel(chain_kernel, blocks, 1, 32, stream(), {.cooperative = cooperative},
                       reinterpret_cast<uint64_t*>(flags.data_ptr()), wait_for_later);
+}
+
+at::Tensor selftest_cross_warp(bool barrier) {
+  at::Tensor out = at::zeros({32}, at::kInt);
+  cuda::launch_kernel(cross_warp_kernel, 1, 1, 64, stream(), {}, out.data_ptr<int>(), barrier);
+  return out;
+}
+
+at::Tensor selftest_same_warp() {
+  at::Tensor out = at::zeros({32}, at::kInt);
+  cuda::launch_kernel(same_warp_kernel, 1, 1, 32, stream(), {}, out.data_ptr<int>());
+  return out;
+}
+
+at::Tensor selftest_fresh_flag(int64_t blocks) {
+  at::Tensor out = at::zeros({blocks}, at::kInt);
+  cuda::launch_kernel(fresh_flag_kernel, blocks, 1, 32, stream(), {}, out.data_ptr<int>());
+  return out;
+}
+
+namespace {
+// A word of host-mapped memory (system memory to the emulated device), freed on return.
+struct HostWord {
+  uint32_t* p = nullptr;
+  HostWord() {
+    void* v = nullptr;
+    C10_CUDA_CHECK(cudaHostAlloc(&v, sizeof(uint32_t), cudaHostAllocMapped));
+    p = static_cast<uint32_t*>(v);
+    *p = 0;
+  }
+  ~HostWord() { cudaFreeHost(p); }
+};
+}  // namespace
+
+void selftest_poll(bool weak) {
+  const HostWord flag;
+  cuda::launch_kernel(poll_kernel, 2, 1, 32, stream(), {.cooperative = true}, flag.p, weak);
+}
+
+void selftest_gpu_scope_store(bool host_mapped) {
+  const HostWord word;
+  at::Tensor device_word = at::zeros({1}, at::kInt);
+  uint32_t* p = host_mapped ? word.p : reinterpret_cast<uint32_t*>(device_word.data_ptr());
+  cuda::launch_kernel(gpu_scope_store_kernel, 1, 1, 32, stream(), {}, p);
+}
+
+void selftest_unknown_ptx() {
+  at::Tensor out = at::zeros({32}, at::kInt);
+  cuda::launch_kernel(unknown_ptx_kernel, 1, 1, 32, stream(), {},
+                      reinterpret_cast<uint32_t*>(out.data_ptr()));
+}
+
+at::Tensor selftest_pdl(int64_t n, bool wait) {
+  at::Tensor data = at::zeros({n}, at::kInt), out = at::zeros({n}, at::kInt);
+  const int n32 = static_cast<int>(n);
+  cuda::launch_kernel(pdl_primary_kernel, 2, 1, 64, stream(), {}, data.data_ptr<int>(), n32);
+  cuda::launch_kernel(pdl_dependent_kernel, 2, 1, 64, stream(), {.dependent = true},
+                      static_cast<const int*>(data.data_ptr<int>()), out.data_ptr<int>(), n32,
+                      wait);
+  return out;
 }
 
 }  // namespace mhc_sp::emulation

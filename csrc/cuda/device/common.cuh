@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/device/asm.cuh"
 #include "cuda/device/leaf_tree.h"
 
 namespace mhc_sp::cuda {
@@ -124,14 +125,16 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // is one 16-product dot product of its own row and column: other rows never change it.
 __device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  MHC_SP_ASM(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-#elif defined(MHC_SP_EMULATION)
-  ::mhc_sp::emulation::mma_m16n8k16_bf16(d, a, b0, b1, 0.f, __FILE__, __LINE__);
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n",
+      (MHC_SP_ASM_ARG("=f", d[0]), MHC_SP_ASM_ARG("=f", d[1]), MHC_SP_ASM_ARG("=f", d[2]),
+       MHC_SP_ASM_ARG("=f", d[3])),
+      (MHC_SP_ASM_ARG("r", a[0]), MHC_SP_ASM_ARG("r", a[1]), MHC_SP_ASM_ARG("r", a[2]),
+       MHC_SP_ASM_ARG("r", a[3]), MHC_SP_ASM_ARG("r", b0), MHC_SP_ASM_ARG("r", b1),
+       MHC_SP_ASM_ARG("f", 0.f)),
+      ());
 #else
   __trap();  // this project builds for sm_90a / sm_100a; bf16 mma needs sm_80+
 #endif

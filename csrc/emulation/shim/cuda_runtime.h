@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -32,6 +34,7 @@
 
 #define __syncthreads() ::mhc_sp::emulation::syncthreads(__FILE__, __LINE__)
 #define __syncthreads_or(p) ::mhc_sp::emulation::syncthreads_or((p) ? 1 : 0, __FILE__, __LINE__)
+#define __syncwarp(mask) ::mhc_sp::emulation::syncwarp((mask), __FILE__, __LINE__)
 #define __shfl_xor_sync(mask, v, lane_mask) \
   ::mhc_sp::emulation::shfl_xor((mask), (v), (lane_mask), __FILE__, __LINE__)
 #define __trap() ::mhc_sp::emulation::trap(__FILE__, __LINE__)
@@ -76,35 +79,66 @@ inline long max(long a, long b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
 
-// ---- atomics and fences (device.h: the orders and why) ------------------------------------------
+// ---- inline PTX, atomics and fences: the emulated device's memory model (device.h) -------------
+
+// The device sources write inline PTX as MHC_SP_ASM(text, (outputs), (inputs), (clobbers)) with
+// MHC_SP_ASM_ARG(constraint, value) operands (cuda/device/asm.cuh). Here the statement runs through
+// the PTX interpreter: the same text, the same operands in the same order.
+#define MHC_SP_ASM(text, outputs, inputs, clobbers)                                 \
+  ::mhc_sp::emulation::run_ptx(text, __FILE__, __LINE__, {MHC_SP_ASM_LIST outputs}, \
+                               {MHC_SP_ASM_LIST inputs})
+#define MHC_SP_ASM_LIST(...) __VA_ARGS__
+#define MHC_SP_ASM_ARG(constraint, value) ::mhc_sp::emulation::asm_operand(constraint, value)
 
 namespace mhc_sp::emulation {
-#if defined(__SANITIZE_THREAD__)
-inline constexpr std::memory_order kDeviceAtomicOrder = std::memory_order_acq_rel;
-#else
-inline constexpr std::memory_order kDeviceAtomicOrder = std::memory_order_relaxed;
-#endif
+
+template <typename T>
+uint64_t value_bits(T v) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics of 32 or 64 bits");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+
+// CUDA's atomic intrinsics: relaxed read-modify-writes at their scope (atomicX: .gpu,
+// atomicX_system: .sys), through the memory model like the PTX atom they compile to.
+template <typename T, typename U, typename C>
+T atomic_intrinsic(Rmw op, T* p, U operand, C compare, Scope scope, const char* name,
+                   const char* file, int line) {
+  if constexpr (std::is_floating_point_v<T>) {
+    static_assert(sizeof(T) == 4, "atomicAdd takes float here");
+    op = Rmw::kAddF32;
+  }
+  const uint64_t old =
+      mem_rmw(op, p, sizeof(T), value_bits(static_cast<T>(operand)),
+              value_bits(static_cast<T>(compare)), Sem::kRelaxed, scope, Site{file, line, name});
+  T out;
+  std::memcpy(&out, &old, sizeof(T));
+  return out;
+}
+
 }  // namespace mhc_sp::emulation
 
-template <typename T>
-inline T atomicAdd(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_add(v, ::mhc_sp::emulation::kDeviceAtomicOrder);
-}
-
-template <typename T>
-inline T atomicCAS(T* p, T expected, T desired) {
-  std::atomic_ref<T>(*p).compare_exchange_strong(
-      expected, desired, ::mhc_sp::emulation::kDeviceAtomicOrder, std::memory_order_relaxed);
-  return expected;  // the old value, whether or not it was replaced
-}
-
-template <typename T>
-inline T atomicCAS_system(T* p, T expected, T desired) {
-  return atomicCAS(p, expected, desired);
-}
-
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+#define atomicAdd(p, v)                                                                          \
+  ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kAdd, (p), (v), 0,             \
+                                        ::mhc_sp::emulation::Scope::kGpu, "atomicAdd", __FILE__, \
+                                        __LINE__)
+#define atomicCAS(p, expected, desired)                                                            \
+  ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kCas, (p), (desired),            \
+                                        (expected), ::mhc_sp::emulation::Scope::kGpu, "atomicCAS", \
+                                        __FILE__, __LINE__)
+#define atomicCAS_system(p, expected, desired)                                          \
+  ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kCas, (p), (desired), \
+                                        (expected), ::mhc_sp::emulation::Scope::kSys,   \
+                                        "atomicCAS_system", __FILE__, __LINE__)
+// __threadfence(): fence.sc.gpu; __threadfence_system(): fence.sc.sys.
+#define __threadfence()                                                                           \
+  ::mhc_sp::emulation::mem_fence(::mhc_sp::emulation::Sem::kSc, ::mhc_sp::emulation::Scope::kGpu, \
+                                 ::mhc_sp::emulation::Site{__FILE__, __LINE__, "__threadfence()"})
+#define __threadfence_system()                                         \
+  ::mhc_sp::emulation::mem_fence(                                      \
+      ::mhc_sp::emulation::Sem::kSc, ::mhc_sp::emulation::Scope::kSys, \
+      ::mhc_sp::emulation::Site{__FILE__, __LINE__, "__threadfence_system()"})
 
 // ---- the runtime API subset the launchers and the symm workspace use ----------------------------
 
@@ -121,7 +155,10 @@ using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 
 enum cudaDeviceAttr : int { cudaDevAttrMultiProcessorCount = 16 };
-enum cudaStreamCaptureStatus : int { cudaStreamCaptureStatusNone = 0 };
+enum cudaStreamCaptureStatus : int {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1
+};
 enum cudaLaunchAttributeID : int {
   cudaLaunchAttributeCooperative = 2,
   cudaLaunchAttributeProgrammaticStreamSerialization = 4,
@@ -186,20 +223,25 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, i
   return cudaSuccess;
 }
 
-// Runs the kernel on the stream's device and returns once it has finished (the emulated streams
-// are synchronous). Programmatic dependent launch changes nothing: the previous kernel has ended.
+// Launches the kernel on the stream's device (emulation/device.h: launch). The kernel's parameters
+// are copied into the launch, as CUDA copies them into the launch's parameter space.
 template <typename... Params, typename... Args>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...),
                                Args&&... args) {
-  bool cooperative = false;
+  bool cooperative = false, dependent = false;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     if (config->attrs[i].id == cudaLaunchAttributeCooperative) {
       cooperative = config->attrs[i].val.cooperative != 0;
     }
+    if (config->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization) {
+      dependent = config->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+    }
   }
-  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-  const std::string failed = ::mhc_sp::emulation::launch(
-      ::mhc_sp::emulation::stream_device(config->stream), config->gridDim, config->blockDim,
-      cooperative, [kernel, &params] { std::apply(kernel, params); });
+  auto body = [kernel, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)] {
+    std::apply(kernel, params);
+  };
+  const std::string failed =
+      ::mhc_sp::emulation::launch(::mhc_sp::emulation::stream_device(config->stream),
+                                  config->gridDim, config->blockDim, cooperative, dependent, body);
   return failed.empty() ? cudaSuccess : ::mhc_sp::emulation::record_launch_error(failed);
 }

@@ -68,10 +68,6 @@
 
 #include <cstdint>
 
-#if defined(MHC_SP_EMULATION)
-#include "emulation/device.h"  // the emulated device's polls (csrc/emulation/)
-#endif
-
 #if defined(__CUDACC__)
 #define MHC_SP_HOST_DEVICE __host__ __device__
 #else
@@ -216,40 +212,13 @@ MHC_SP_HOST_DEVICE inline bool same_call(const CallHeader& a, const CallHeader& 
          a.finish_blocks == b.finish_blocks && a.chunks_per_split == b.chunks_per_split;
 }
 
-// Rule 3's two memory operations, at system scope (other processes, other devices).
-MHC_SP_HOST_DEVICE inline void store_release(uint64_t* p, uint64_t v) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#else
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
+// Rule 3's two memory operations on the host (the CPU transport; the device's, at system scope, are
+// in transport/symm/device/ptx.cuh), and the relaxed load of a word several ranks may store.
+inline void store_release(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-MHC_SP_HOST_DEVICE inline uint64_t load_acquire(const uint64_t* p) {
-#if defined(__CUDA_ARCH__)
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-#else
-#if defined(MHC_SP_EMULATION)
-  emulation::poll();  // a spin-wait's poll: the emulated threads it waits for run meanwhile
-#endif
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
-}
+inline uint64_t load_acquire(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
-MHC_SP_HOST_DEVICE inline uint32_t load_broken(const uint32_t* p) {
-#if defined(__CUDA_ARCH__)
-  uint32_t v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#else
-#if defined(MHC_SP_EMULATION)
-  emulation::poll();
-#endif
-  return __atomic_load_n(p, __ATOMIC_RELAXED);
-#endif
-}
+inline uint32_t load_broken(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
 // SegmentHeader::blamed (rule 6): why (a Fault) and 1 + the rank at fault, in one word.
 MHC_SP_HOST_DEVICE constexpr uint32_t blame_word(int64_t culprit, Fault why) {
@@ -263,28 +232,17 @@ MHC_SP_HOST_DEVICE constexpr int64_t blamed_rank(uint32_t word) {
 }
 
 // The first blame is the one recorded (like `broken`); stored before `broken`, so that a rank that
-// sees the workspace broken (and then fences) also sees why.
-MHC_SP_HOST_DEVICE inline void blame(uint32_t* p, uint32_t word) {
-#if defined(__CUDA_ARCH__)
-  atomicCAS_system(p, 0u, word);
-#else
+// sees the workspace broken (and then fences) also sees why. (The device's: transport/symm/device/
+// sync.cuh.)
+inline void blame(uint32_t* p, uint32_t word) {
   uint32_t expected = 0;
   __atomic_compare_exchange_n(p, &expected, word, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-#endif
 }
 
-// The first rank to break the workspace is the one recorded. On the device `p` may be a peer
-// GPU's memory, so the CAS is system-scoped; the fence before it orders what this rank stored
-// first (its header or tag, the blame) before the word that makes every waiter look.
-MHC_SP_HOST_DEVICE inline void mark_broken(uint32_t* p, uint32_t rank) {
-#if defined(__CUDA_ARCH__)
-  __threadfence_system();
-  atomicCAS_system(p, 0u, rank + 1);
-  __threadfence_system();
-#else
+// The first rank to break the workspace is the one recorded.
+inline void mark_broken(uint32_t* p, uint32_t rank) {
   uint32_t expected = 0;
   __atomic_compare_exchange_n(p, &expected, rank + 1, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-#endif
 }
 
 }  // namespace mhc_sp::boundary

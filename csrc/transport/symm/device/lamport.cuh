@@ -71,24 +71,8 @@ struct Mail<8> {
 template <>
 struct Mail<1> {
   uint16_t u;
-  __device__ __forceinline__ static Mail load(const void* p) {
-    Mail m;
-#if defined(MHC_SP_EMULATION)
-    ::mhc_sp::emulation::poll();
-    m.u = std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(const_cast<void*>(p)))
-              .load(std::memory_order_relaxed);
-#else
-    asm volatile("ld.relaxed.sys.global.b16 %0, [%1];" : "=h"(m.u) : "l"(p) : "memory");
-#endif
-    return m;
-  }
-  __device__ __forceinline__ void store(void* p) const {
-#if defined(MHC_SP_EMULATION)
-    std::atomic_ref<uint16_t>(*static_cast<uint16_t*>(p)).store(u, std::memory_order_relaxed);
-#else
-    asm volatile("st.relaxed.sys.global.b16 [%0], %1;" ::"l"(p), "h"(u) : "memory");
-#endif
-  }
+  __device__ __forceinline__ static Mail load(const void* p) { return Mail{load_relaxed_b16(p)}; }
+  __device__ __forceinline__ void store(void* p) const { store_relaxed_b16(p, u); }
   __device__ __forceinline__ static Mail of(const Pack<1>& p) { return Mail{p.u}; }
   __device__ __forceinline__ static Mail armed() { return Mail{symm::kNegZeroBits}; }
   __device__ __forceinline__ bool any_armed() const { return u == symm::kNegZeroBits; }

@@ -80,6 +80,20 @@ __device__ __forceinline__ uint32_t* blamed_word(uint8_t* buffer) {
   return &reinterpret_cast<boundary::SegmentHeader*>(buffer)->blamed;
 }
 
+// Rule 6's words, written by the device (the host's side: boundary::blame, boundary::mark_broken).
+// The first blame is the one recorded; it is stored before `broken`, so that a rank that sees the
+// workspace broken (and then fences) also sees why.
+__device__ __forceinline__ void blame(uint32_t* p, uint32_t word) { atomicCAS_system(p, 0u, word); }
+
+// The first rank to break the workspace is the one recorded. `p` may be a peer GPU's memory, so
+// the CAS is system-scoped; the fence before it orders what this rank stored first (its header
+// or tag, the blame) before the word that makes every waiter look.
+__device__ __forceinline__ void mark_broken(uint32_t* p, uint32_t rank) {
+  __threadfence_system();
+  atomicCAS_system(p, 0u, rank + 1);
+  __threadfence_system();
+}
+
 // Marks every rank's buffer broken (this rank recorded first), so that every waiter of every rank
 // gives up at once instead of waiting out its own timeout. A mismatch blames its culprit first
 // (rule 6), so that every rank reports the same mismatch, also one that finds the workspace broken
@@ -87,9 +101,9 @@ __device__ __forceinline__ uint32_t* blamed_word(uint8_t* buffer) {
 __device__ __forceinline__ void break_workspace(const RankView& s, int mismatch_culprit = -1) {
   if (mismatch_culprit >= 0) {
     const uint32_t word = boundary::blame_word(mismatch_culprit, boundary::Fault::kMismatch);
-    for (int p = 0; p < s.world; ++p) boundary::blame(blamed_word(s.peers[p]), word);
+    for (int p = 0; p < s.world; ++p) blame(blamed_word(s.peers[p]), word);
   }
-  for (int p = 0; p < s.world; ++p) boundary::mark_broken(broken_word(s.peers[p]), s.rank);
+  for (int p = 0; p < s.world; ++p) mark_broken(broken_word(s.peers[p]), s.rank);
 }
 
 // What a rank records when it finds the workspace broken (`broken` = 1 + the rank that broke it):
@@ -98,7 +112,7 @@ __device__ __forceinline__ void record_broken(const RankView& s, uint32_t broken
                                               uint32_t op, uint32_t phase, uint64_t epoch,
                                               uint64_t waited_ns) {
   fence_acq_rel_sys();  // the blame was stored before the broken word
-  const uint32_t blamed = boundary::load_broken(blamed_word(own_buffer(s)));
+  const uint32_t blamed = load_relaxed_sys(blamed_word(own_buffer(s)));
   if (boundary::blamed_fault(blamed) == boundary::Fault::kMismatch) {
     record_error(s, symm::kMismatch, static_cast<int>(boundary::blamed_rank(blamed)), block, op,
                  phase, epoch, waited_ns);
@@ -124,7 +138,7 @@ __device__ __forceinline__ bool wait_until(const RankView& s, const WaitSite& w,
   for (uint32_t spin = 1;; ++spin) {
     if (ready()) return true;
     if ((spin & 63u) == 0u) {
-      const uint32_t broken = boundary::load_broken(broken_word(own_buffer(s)));
+      const uint32_t broken = load_relaxed_sys(broken_word(own_buffer(s)));
       if (broken != 0) {
         record_broken(s, broken, w.block, w.op, w.phase, w.epoch, globaltimer_ns() - t0);
         return false;
@@ -144,7 +158,7 @@ __device__ __forceinline__ bool wait_until(const RankView& s, const WaitSite& w,
 // rank that broke it, or the mismatch that broke it, when this is the call that mismatched.
 __device__ __forceinline__ bool refused(const RankView& s, uint32_t op, uint64_t call) {
   __shared__ uint32_t broken;
-  if (threadIdx.x == 0) broken = boundary::load_broken(broken_word(own_buffer(s)));
+  if (threadIdx.x == 0) broken = load_relaxed_sys(broken_word(own_buffer(s)));
   __syncthreads();
   const uint32_t b = broken;
   __syncthreads();  // `broken` may be reused by the next call of this function
@@ -198,11 +212,11 @@ __device__ __forceinline__ bool block_barrier(const RankView& s, int block, uint
   const int p = threadIdx.x;
   if (p < s.world) {
     auto* theirs = reinterpret_cast<uint64_t*>(s.peers[p] + symm::flag_offset(s.L, block, s.rank));
-    boundary::store_release(theirs, epoch);
+    store_release_sys(theirs, epoch);
     const auto* flag =
         reinterpret_cast<const uint64_t*>(own_buffer(s) + symm::flag_offset(s.L, block, p));
     const WaitSite site{p, block, op, phase, epoch};
-    if (!wait_until(s, site, [&] { return boundary::load_acquire(flag) >= epoch; })) {
+    if (!wait_until(s, site, [&] { return load_acquire_sys(flag) >= epoch; })) {
       failed = true;
     } else if (check_half != nullptr && !header_matches(mine, check_half, p)) {
       record_error(s, symm::kMismatch, p, block, op, phase, epoch, 0);
