@@ -4,9 +4,9 @@ their launchers compiled for the host, docs/emulation.md), against mhc_sp.refere
 data at the contract's tolerances, at shapes that take every code path of the launch plans: the
 decode plan (T <= 16: projection and finish in one launch), the prefill plan (a second kernel for
 the finish), token counts that are not a multiple of the 64-token tile, hidden sizes that are not
-a multiple of 8 (the scalar path), hc_mult 1 to 8, and split-K over several blocks. Then, bitwise
-within the emulation: batch invariance (a token's outputs do not depend on the other tokens, the
-grid or the order of threads), and mhc_post_pre = mhc_post then mhc_pre."""
+a multiple of 8 (the scalar path), every hc_mult 1 to 8, and split-K over several blocks. Then,
+bitwise within the emulation: batch invariance (a token's outputs do not depend on the other
+tokens, the grid or the order of threads), and mhc_post_pre = mhc_post then mhc_pre."""
 
 import pytest
 
@@ -54,6 +54,9 @@ SHAPES = [
     (5, 1, 40, "hc_mult 1"),
     (9, 3, 1000, "hc_mult 3, split-K over many chunks"),
     (20, 8, 64, "hc_mult 8 (wide leaves, local-memory tree levels)"),
+    (3, 5, 136, "hc_mult 5, decode"),
+    (18, 6, 48, "hc_mult 6, prefill plan"),
+    (7, 7, 40, "hc_mult 7, scalar path"),
 ]
 
 

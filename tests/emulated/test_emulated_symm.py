@@ -16,26 +16,23 @@ import time
 import pytest
 import torch
 
-from mhc_sp import _C
 from mhc_sp import reference as R
-from mhc_sp.config import MhcConfig
-from mhc_sp.testing import (
-    EMULATED_MODULE_MISSING,
-    assert_bitwise,
-    assert_close,
-    head_weights,
-    load_emulated_module,
-    pre_weights,
-    random_inputs,
+from mhc_sp.testing import EMULATED_MODULE_MISSING, assert_bitwise, pre_weights, random_inputs
+from tests.emulated.symm_world import (
+    CFG,
+    Boundary,
+    C,
+    E,
+    H,
+    N,
+    all_nan,
+    no_errors,
+    outputs,
+    token_counts,
+    world,
 )
 
-E = load_emulated_module()
 pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
-
-N = 4  # hc_mult: V4's
-H = 96  # three 32-wide chunks of the projection: several split-K blocks per token tile
-CFG = MhcConfig()
-C = _C.symm_constants()
 
 
 @pytest.fixture(autouse=True)
@@ -43,119 +40,6 @@ def device():
     E.configure(sms=4, blocks_per_sm=2, seed=5)
     yield
     E.configure()
-
-
-def world(tp, timeout=10.0, devices=()):
-    return E.World(tp, C["default_mailbox_slot_bytes"], 1 << 20, timeout, list(devices))
-
-
-def outputs(results):
-    """Every rank's outputs; an exception a rank's call raised is raised here."""
-    for r, out in enumerate(results):
-        if isinstance(out, Exception):
-            raise AssertionError(f"rank {r}: {type(out).__name__}: {out}")
-    return results
-
-
-def no_errors(w):
-    errors = [e for e in w.errors() if e is not None]
-    assert not errors, f"errors recorded: {errors}"
-
-
-def all_nan(t):
-    return bool(torch.isnan(t.float()).all())
-
-
-class Boundary:
-    """One fused_layer (or fused_head) call of tp ranks: shared pre weights, and per rank its own
-    partial (T + 2 rows, garbage past T), stream, post and comb (replicated: all T rows; sharded:
-    the rank's shard of its own full stream, padding rows zero)."""
-
-    def __init__(self, tp, T, sharded, seed, zeros=False):
-        self.tp, self.T, self.sharded = tp, T, sharded
-        self.w = random_inputs(T, N, H, seed=seed)
-        g = torch.Generator().manual_seed(seed + 1)
-        self.partials, self.streams = [], []
-        for r in range(tp):
-            own = random_inputs(T, N, H, seed=seed + 10 + r)
-            p = torch.randn(T + 2, H, generator=g).to(torch.bfloat16)
-            p[T:] = 1e4  # rows past num_tokens must be ignored
-            if zeros:  # -0 is the mailbox's empty marker: it must be sent as +0
-                p[:T, :16] = -0.0
-            self.partials.append(p)
-            self.streams.append([self.mine(own[k], r) for k in ("residual", "post", "comb")])
-
-    def mine(self, full, r):
-        return R.shard_tokens(full, r, self.tp).contiguous() if self.sharded else full
-
-    def shard(self):
-        return -(-self.T // self.tp) if self.sharded else self.T
-
-    def valid(self, r):
-        return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
-
-    def layer_call(self, r):
-        args = (
-            self.partials[r],
-            *self.streams[r],
-            *pre_weights(self.w),
-            None,
-            self.sharded,
-            self.T,
-        )
-        return ("fused_layer", (*args, *CFG.scalars()))
-
-    def head_call(self, r):
-        args = (self.partials[r], *self.streams[r], *head_weights(self.w), None, self.sharded)
-        return ("fused_head", (*args, self.T, CFG.rms_eps, CFG.hc_eps))
-
-    def x(self, r):
-        """Rank r's rows of the reduced sublayer output."""
-        x = R.sum_partials([p[: self.T] for p in self.partials])
-        return (R.shard_tokens(x, r, self.tp) if self.sharded else x)[: self.valid(r)]
-
-    def rows(self, r):
-        v = self.valid(r)
-        return [t[:v].contiguous() for t in self.streams[r]]
-
-    def check_layer(self, outs, reference=False):
-        gathered = []
-        for r, out in enumerate(outs):
-            v = self.valid(r)
-            want = E.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), *CFG.scalars())
-            for name, got, w in zip(("residual_out", "post", "comb"), out[:3], want[:3]):
-                assert_bitwise(f"rank {r} {name}", got[:v], w)
-                assert int(torch.count_nonzero(got[v:])) == 0, f"rank {r} {name} padding rows"
-            own = E.mhc_pre(out[0][:v].contiguous(), *pre_weights(self.w), *CFG.scalars())
-            for name, got, w in zip(("post", "comb"), out[1:3], own[:2]):
-                assert_bitwise(f"rank {r} {name} vs mhc_pre(residual_out)", got[:v], w)
-            gathered.append(want[3])
-            if not self.sharded:
-                assert_bitwise(f"rank {r} layer_input", out[3], want[3])
-            if reference and v:
-                ref = R.mhc_post_pre(self.x(r), *self.rows(r), *pre_weights(self.w), CFG)
-                assert_close(out[0][:v], ref[0], f"rank {r} residual_out")
-                start = r * self.shard() if self.sharded else 0
-                assert_close(out[3][start : start + v], ref[3], f"rank {r} layer_input")
-        if self.sharded:
-            for r, out in enumerate(outs):
-                assert_bitwise(f"rank {r} gathered layer_input", out[3], torch.cat(gathered))
-
-    def check_head(self, outs):
-        hidden = []
-        for r, out in enumerate(outs):
-            v = self.valid(r)
-            stream = E.mhc_post(self.x(r), *self.rows(r))
-            assert_bitwise(f"rank {r} residual_out", out[1][:v], stream)
-            assert int(torch.count_nonzero(out[1][v:])) == 0
-            hidden.append(E.hc_head(stream, *head_weights(self.w), CFG.rms_eps, CFG.hc_eps))
-        for r, out in enumerate(outs):
-            want = torch.cat(hidden) if self.sharded else hidden[r]
-            assert_bitwise(f"rank {r} hidden", out[0], want)
-
-
-def token_counts(tp):
-    return sorted({1, max(1, tp - 1), tp + 1, 17, 37})
 
 
 @pytest.mark.parametrize("tp", [2, 3, 4, 8])
@@ -194,6 +78,21 @@ def test_the_boundaries_take_the_kernels_they_are_meant_to():
         E.reset_launches()
         outputs(w.run([b.layer_call(r) for r in range(tp)]))
         assert len(E.launches()) == grids * tp, E.launches()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8])
+def test_every_hc_mult_takes_the_symm_kernels(n):
+    """hc_mult 4 runs everywhere above; every other hc_mult the symm dispatch compiles (1 to 8)
+    takes its Lamport kernel and its two sharded kernels here, bitwise as hc_mult 4 does."""
+    tp = 2
+    w = world(tp)
+    for T, sharded, grids in ((3, False, 1), (5, True, 2), (2, True, 2)):
+        b = Boundary(tp, T, sharded, seed=50 + n + T, zeros=T == 3, n=n)
+        E.reset_launches()
+        outs = outputs(w.run([b.layer_call(r) for r in range(tp)]))
+        assert len(E.launches()) == grids * tp, E.launches()
+        b.check_layer(outs)
+    no_errors(w)
 
 
 def test_every_symm_call_on_a_device_waits_for_the_one_before():

@@ -26,13 +26,18 @@ def test_shuffle_reads_the_partner_lane(lane_mask):
     assert got.tolist() == [float(lane ^ lane_mask) for lane in range(32)]
 
 
-def test_a_missing_barrier_shows():
+def test_a_missing_barrier_is_a_race_and_shows():
     threads = 128
     want = [(t + 1) % threads + 1 for t in range(threads)]
     assert E.selftest_neighbours(threads, True).tolist() == want
-    # Without the barrier a thread runs on before its neighbour wrote: some read stale values.
-    wrong = sum(a != b for a, b in zip(E.selftest_neighbours(threads, False).tolist(), want))
-    assert wrong > 0
+    # Without the barrier the racecheck names both sites: the write and the neighbour's read.
+    with pytest.raises(RuntimeError, match=r"racecheck.*selftest.cpp:\d+.*selftest.cpp:\d+"):
+        E.selftest_neighbours(threads, False)
+    # Without the racecheck, a thread runs on before its neighbour wrote: some read the poison.
+    E.configure(sms=2, blocks_per_sm=2, seed=3, racecheck=False)
+    got = E.selftest_neighbours(threads, False).tolist()
+    assert sum(a != b for a, b in zip(got, want)) > 0
+    assert -1 in got  # __shared__ starts as all-ones bytes, not zeros
 
 
 def test_divergent_barriers_are_reported():
@@ -70,3 +75,57 @@ def test_a_cooperative_grid_beyond_the_resident_blocks_is_refused():
     E.selftest_chain(4, wait_for_later=True, cooperative=True)
     with pytest.raises(RuntimeError, match="cooperative launch of 5 blocks does not fit"):
         E.selftest_chain(5, wait_for_later=True, cooperative=True)
+
+
+def test_a_warp_collective_is_no_barrier_between_warps():
+    # The shuffle orders the lanes of each warp, not warp 0's writes before warp 1's reads.
+    with pytest.raises(
+        RuntimeError, match=r"racecheck.*cross_warp_kernel.*warp 1|racecheck.*warp 1"
+    ):
+        E.selftest_cross_warp(barrier=False)
+    assert E.selftest_cross_warp(barrier=True).tolist() == list(range(1, 33))
+
+
+def test_lanes_of_one_warp_are_ordered_by_their_collective():
+    assert E.selftest_same_warp().tolist() == [(lane ^ 1) + 1 for lane in range(32)]
+
+
+@pytest.mark.parametrize("schedule", ["random", "warp_ahead", "warp_behind", "in_order"])
+def test_shared_memory_starts_poisoned_in_every_block(schedule):
+    E.configure(sms=2, blocks_per_sm=2, seed=3, schedule=schedule)
+    # Blocks reuse their OS thread's __shared__ copy: each starts with all-ones bytes anyway.
+    assert E.selftest_fresh_flag(6).tolist() == [-1] * 6
+
+
+def test_a_poll_through_a_weak_load_is_reported():
+    E.selftest_poll(weak=False)
+    with pytest.raises(RuntimeError, match=r"poll through a weak.*ld.global.u32.*selftest.cpp"):
+        E.selftest_poll(weak=True)
+
+
+def test_a_scope_narrower_than_sys_on_host_mapped_memory_is_reported():
+    E.selftest_gpu_scope_store(host_mapped=False)  # device memory: .gpu is its scope
+    with pytest.raises(RuntimeError, match=r"st.relaxed.gpu.*host-mapped memory.*needs .sys"):
+        E.selftest_gpu_scope_store(host_mapped=True)
+
+
+def test_ptx_the_interpreter_does_not_know_is_refused():
+    with pytest.raises(RuntimeError, match=r"does not run the PTX 'add.u32 .*selftest.cpp"):
+        E.selftest_unknown_ptx()
+
+
+def test_a_programmatic_dependent_runs_beside_its_primary():
+    n = 4096
+    want = list(range(1, n + 1))
+    wrong_somewhere = False
+    for seed in range(4):
+        E.configure(sms=2, blocks_per_sm=2, seed=seed)
+        E.reset_launches()
+        assert E.selftest_pdl(n, wait=True).tolist() == want
+        primary, dependent = E.timeline()
+        assert dependent["dependent"] and not primary["dependent"]
+        # The dependent started before the primary completed: real overlap, not stream order.
+        assert dependent["start_ns"] < primary["end_ns"]
+        # Reading before griddepcontrol.wait reads what the primary has not written yet.
+        wrong_somewhere |= E.selftest_pdl(n, wait=False).tolist() != want
+    assert wrong_somewhere
