@@ -246,6 +246,43 @@ def test_no_mps_daemon(tmp_path):
     assert out.returncode == 1 and out.stdout == ""
 
 
+# ---- compute-sanitizer's refusal ------------------------------------------------------------
+
+
+def fake_tool(bin_dir: Path, name: str, body: str) -> dict:
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text("#!/usr/bin/env bash\n" + body + "\n")
+    tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PY": sys.executable}
+
+
+def test_a_sanitizer_that_refuses_the_device_skips_memcheck(tmp_path):
+    # what a gVisor runtime printed for an H200: the device refused, then error 999
+    env = fake_tool(
+        tmp_path / "bin",
+        "compute-sanitizer",
+        'echo "========= Error: Device not supported"\n'
+        'echo "RuntimeError: CUDA error: unknown error (error 999)" >&2\nexit 1',
+    )
+    out = sourced('PY=$PY; sanitizer_refusal; echo "rc=$?"', **env)
+    assert "rc=0" in out.stdout, out
+    assert "cannot run a CUDA program on this GPU (rc=1)" in out.stdout
+    assert "Device not supported" in out.stdout
+
+
+def test_a_working_sanitizer_is_not_a_refusal(tmp_path):
+    env = fake_tool(tmp_path / "bin", "compute-sanitizer", 'echo "ERROR SUMMARY: 0 errors"')
+    out = sourced('PY=$PY; sanitizer_refusal; echo "rc=$?"', **env)
+    assert out.stdout.strip() == "rc=1", out
+
+
+def test_memcheck_probes_the_sanitizer_before_it_runs():
+    body = re.search(r"^run_memcheck\(\) \{(.*?)^\}", text(), re.S | re.M).group(1)
+    assert body.index("sanitizer_refusal") < body.index("step memcheck")
+    assert 'skip memcheck "$why"' in body
+
+
 # ---- verdicts -------------------------------------------------------------------------------
 
 HARDWARE = "2 ranks need 2 GPUs or NCCL_MULTI_RANK_GPU_ENABLE=1 with NCCL >= 2.30"
