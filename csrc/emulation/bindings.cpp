@@ -11,6 +11,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <map>
+
 #include "emulation/device.h"
 #include "emulation/internal.h"
 #include "emulation/selftest.h"
@@ -64,57 +67,97 @@ std::vector<Tensor> tensors(const std::tuple<Ts...>& t) {
   return std::apply([](const auto&... x) { return std::vector<Tensor>{x...}; }, t);
 }
 
+// The schema arguments of the ops a World's ranks call, by name and in the order
+// csrc/registration.cpp writes them (tests/repo/test_op_schemas.py checks this table against the
+// registered schemas, so a call here reads each argument by its name, never by a position).
+const std::map<std::string, std::vector<std::string>>& call_schemas() {
+  static const std::map<std::string, std::vector<std::string>> schemas = {
+      {"fused_layer",
+       {"partial", "residual", "post", "comb", "fn", "hc_scale", "hc_base", "norm_weight", "group",
+        "sharded", "num_tokens", "rms_eps", "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult",
+        "sinkhorn_iters", "norm_eps"}},
+      {"fused_entry",
+       {"x", "fn", "hc_scale", "hc_base", "norm_weight", "group", "sharded", "rms_eps",
+        "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult", "sinkhorn_iters", "norm_eps"}},
+      {"fused_head",
+       {"partial", "residual", "post", "comb", "head_fn", "head_scale", "head_base", "group",
+        "sharded", "num_tokens", "rms_eps", "hc_eps"}},
+      {"all_gather", {"x", "group", "num_tokens"}},
+      {"reduce_scatter", {"x", "group"}},
+      {"all_reduce", {"x", "group"}},
+  };
+  return schemas;
+}
+
+// A call's arguments as the schema's tuple, read by name.
+struct SchemaArgs {
+  const std::string& op;
+  const std::vector<std::string>& names;
+  const py::tuple& a;
+  py::handle at(const char* name) const {
+    const auto it = std::find(names.begin(), names.end(), name);
+    TORCH_CHECK(it != names.end(), op, " has no argument '", name, "'");
+    return a[static_cast<size_t>(it - names.begin())];
+  }
+  Tensor T(const char* name) const { return at(name).cast<Tensor>(); }
+  OptTensor opt(const char* name) const { return at(name).cast<OptTensor>(); }
+  int64_t I(const char* name) const { return at(name).cast<int64_t>(); }
+  double D(const char* name) const { return at(name).cast<double>(); }
+  bool B(const char* name) const { return at(name).cast<bool>(); }
+};
+
 // One rank's call: an op of mhc_sp/ops.h with the schema's arguments (its `group` ignored: the
 // rank's own group is passed), converted now, under the GIL, and run later on the rank's thread.
 World::Call rank_call(const std::string& op, const py::tuple& a) {
-  auto T = [&](size_t i) { return a[i].cast<Tensor>(); };
-  auto opt = [&](size_t i) { return a[i].cast<OptTensor>(); };
-  auto I = [&](size_t i) { return a[i].cast<int64_t>(); };
-  auto D = [&](size_t i) { return a[i].cast<double>(); };
-  auto B = [&](size_t i) { return a[i].cast<bool>(); };
-  auto need = [&](size_t n) {
-    TORCH_CHECK_VALUE(a.size() == n, "calls: ", op, " takes ", n, " arguments (its schema's), got ",
-                      a.size());
-  };
-  if (op == "fused_layer") {
-    need(17);
-    return [=, p = T(0), r = T(1), po = T(2), c = T(3), fn = T(4), s = T(5), b = T(6), w = opt(7),
-            sharded = B(9), nt = I(10), e0 = D(11), e1 = D(12), e2 = D(13), m = D(14), it = I(15),
-            e3 = D(16)](const std::string& g) {
-      return tensors(fused_layer(p, r, po, c, fn, s, b, w, g, sharded, nt, e0, e1, e2, m, it, e3));
-    };
-  }
-  if (op == "fused_entry") {
-    need(13);
-    return [=, x = T(0), fn = T(1), s = T(2), b = T(3), w = opt(4), sharded = B(6), e0 = D(7),
-            e1 = D(8), e2 = D(9), m = D(10), it = I(11), e3 = D(12)](const std::string& g) {
-      return tensors(fused_entry(x, fn, s, b, w, g, sharded, e0, e1, e2, m, it, e3));
-    };
-  }
-  if (op == "fused_head") {
-    need(12);
-    return [=, p = T(0), r = T(1), po = T(2), c = T(3), fn = T(4), s = T(5), b = T(6),
-            sharded = B(8), nt = I(9), e0 = D(10), e1 = D(11)](const std::string& g) {
-      return tensors(fused_head(p, r, po, c, fn, s, b, g, sharded, nt, e0, e1));
-    };
-  }
-  if (op == "all_gather") {
-    need(3);
-    return [x = T(0), nt = I(2)](const std::string& g) {
-      return std::vector<Tensor>{all_gather(x, g, nt)};
-    };
-  }
-  if (op == "reduce_scatter" || op == "all_reduce") {
-    need(2);
-    const bool scatter = op == "reduce_scatter";
-    return [x = T(0), scatter](const std::string& g) {
-      return std::vector<Tensor>{scatter ? reduce_scatter(x, g) : all_reduce(x, g)};
-    };
-  }
-  TORCH_CHECK_VALUE(false,
+  const auto schema = call_schemas().find(op);
+  TORCH_CHECK_VALUE(schema != call_schemas().end(),
                     "calls: expected fused_layer, fused_entry, fused_head, all_gather, "
                     "reduce_scatter or all_reduce, got '",
                     op, "'");
+  const size_t n = schema->second.size();
+  TORCH_CHECK_VALUE(a.size() == n, "calls: ", op, " takes ", n, " arguments (its schema's), got ",
+                    a.size());
+  const SchemaArgs s{op, schema->second, a};
+  if (op == "fused_layer") {
+    return [=, partial = s.T("partial"), residual = s.T("residual"), post = s.T("post"),
+            comb = s.T("comb"), fn = s.T("fn"), scale = s.T("hc_scale"), base = s.T("hc_base"),
+            norm_weight = s.opt("norm_weight"), sharded = s.B("sharded"),
+            num_tokens = s.I("num_tokens"), rms_eps = s.D("rms_eps"), pre_eps = s.D("hc_pre_eps"),
+            sinkhorn_eps = s.D("hc_sinkhorn_eps"), post_mult = s.D("hc_post_mult"),
+            iters = s.I("sinkhorn_iters"), norm_eps = s.D("norm_eps")](const std::string& g) {
+      return tensors(fused_layer(partial, residual, post, comb, fn, scale, base, norm_weight, g,
+                                 sharded, num_tokens, rms_eps, pre_eps, sinkhorn_eps, post_mult,
+                                 iters, norm_eps));
+    };
+  }
+  if (op == "fused_entry") {
+    return [=, x = s.T("x"), fn = s.T("fn"), scale = s.T("hc_scale"), base = s.T("hc_base"),
+            norm_weight = s.opt("norm_weight"), sharded = s.B("sharded"), rms_eps = s.D("rms_eps"),
+            pre_eps = s.D("hc_pre_eps"), sinkhorn_eps = s.D("hc_sinkhorn_eps"),
+            post_mult = s.D("hc_post_mult"), iters = s.I("sinkhorn_iters"),
+            norm_eps = s.D("norm_eps")](const std::string& g) {
+      return tensors(fused_entry(x, fn, scale, base, norm_weight, g, sharded, rms_eps, pre_eps,
+                                 sinkhorn_eps, post_mult, iters, norm_eps));
+    };
+  }
+  if (op == "fused_head") {
+    return [=, partial = s.T("partial"), residual = s.T("residual"), post = s.T("post"),
+            comb = s.T("comb"), fn = s.T("head_fn"), scale = s.T("head_scale"),
+            base = s.T("head_base"), sharded = s.B("sharded"), num_tokens = s.I("num_tokens"),
+            rms_eps = s.D("rms_eps"), hc_eps = s.D("hc_eps")](const std::string& g) {
+      return tensors(fused_head(partial, residual, post, comb, fn, scale, base, g, sharded,
+                                num_tokens, rms_eps, hc_eps));
+    };
+  }
+  if (op == "all_gather") {
+    return [x = s.T("x"), num_tokens = s.I("num_tokens")](const std::string& g) {
+      return std::vector<Tensor>{all_gather(x, g, num_tokens)};
+    };
+  }
+  const bool scatter = op == "reduce_scatter";
+  return [x = s.T("x"), scatter](const std::string& g) {
+    return std::vector<Tensor>{scatter ? reduce_scatter(x, g) : all_reduce(x, g)};
+  };
 }
 
 // The calls of every rank: a list per rank of (op, schema arguments), or None for a rank that
@@ -236,6 +279,8 @@ void bind(py::module_& m) {
     d["delays"] = c.delays;
     return d;
   });
+  m.def("call_schemas", &call_schemas,
+        "The argument names World reads each op's calls by, in the order of its schema.");
   m.def(
       "launches",
       [] {

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The op schemas of csrc/registration.cpp against everything that restates them: the schemas
 written out in docs/design.md §2 and in the built extension, the wrappers of mhc_sp.ops (their
-parameters and the order they pass them in), the fakes of mhc_sp._fake and the entries of
-mhc_sp.testing.OPS. An argument renamed, moved, added or given a default in one place and not in
+parameters and the order they pass them in), the fakes of mhc_sp._fake, the entries of
+mhc_sp.testing.OPS and the names the emulated device's World reads its ranks' calls by. An argument renamed, moved, added or given a default in one place and not in
 the others fails here."""
 
 import ast
@@ -180,6 +180,27 @@ def test_the_parser_reads_what_the_extension_registered():
     for name, schema in SCHEMAS.items():
         registered = getattr(torch.ops.mhc_sp, name).default._schema
         assert parse_schema(str(registered)) == schema, name
+
+
+def test_the_emulated_world_reads_each_call_by_its_schema_names():
+    """mhc_sp._emulated.World takes each rank's call as the schema's tuple and reads every
+    argument by name (csrc/emulation/bindings.cpp): its table of names is the schema's."""
+    from mhc_sp.testing import load_emulated_module
+
+    emulated = load_emulated_module()
+    if emulated is None:
+        pytest.skip("mhc_sp was built without the emulated device (MHC_SP_TESTING=1)")
+    tables = emulated.call_schemas()
+    assert set(tables) == {
+        "fused_layer",
+        "fused_entry",
+        "fused_head",
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+    }
+    for op, names in tables.items():
+        assert names == SCHEMAS[op].names, op
 
 
 def test_the_design_doc_writes_out_every_schema_as_registered():
