@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the compiler made of the hot CUDA kernels, read from the built extension's sm_90a cubins
-with cuobjdump (no GPU needed): no kernel of V4's hc_mult (n = 4), no collective and no
-post_kernel keeps anything in local memory (a stack frame: an array indexed at run time, or
-spilled registers), none divides 64-bit integers (read in the embedded PTX), and the sharded
-boundary's first kernel lets its programmatic dependent start early while the second waits for it.
+"""What the compiler made of the hot CUDA kernels, read from the built extension's cubins of every
+architecture it was built for (sm_90a and sm_100a by default) with cuobjdump (no GPU needed): no
+kernel of V4's hc_mult (n = 4), no collective and no post_kernel keeps anything in local memory (a
+stack frame: an array indexed at run time, or spilled registers), except the frames listed in
+STACK_EXCEPTIONS, which may not grow; none divides 64-bit integers (read in the embedded PTX), and
+the sharded boundary's first kernel lets its programmatic dependent start early while the second
+waits for it.
 
 Outside the gate, and a matter of speed only: the wide hc_mult instantiations keep the upper
 levels of their projection tree in local memory (kFarLevels in cuda/device/pre.cuh), so
@@ -32,7 +34,7 @@ import pytest
 import mhc_sp
 from mhc_sp import _C
 
-ARCH = "sm_90a"
+ARCH = "sm_90a"  # the architecture whose embedded PTX the PTX checks read
 
 # Kernel families the gate covers, by the mangled name's prefix: every n = 4 instantiation of the
 # pre family and of the symm boundary, and every instantiation of the collectives and the post.
@@ -48,9 +50,24 @@ GATED = {
     "symm_gather_kernel": r"_ZN6mhc_sp4cuda18symm_gather_kernel[IE]",
 }
 
-# Kernels allowed a stack frame, each with the reason. Empty: none needs one. (The hc_mult 5..8
-# instantiations with stack frames are not gated at all: see the module's docstring.)
-STACK_EXCEPTIONS: dict[str, str] = {}
+# Stack frames the gate tolerates, per architecture: {arch: {mangled name: bytes at most}}. sm_90a
+# has none. On sm_100a, nvcc 13.0 keeps frames in these n = 4 kernels (read 2026-12-04 from the
+# default build): the symm projection kernels run at the 255-register cap and spill; the others
+# keep 8-24 bytes. Not removed yet: which restructuring pays off needs a Blackwell GPU to time it
+# (bench/gpu_check.sh). A frame that grows, or a new one, fails.
+STACK_EXCEPTIONS: dict[str, dict[str, int]] = {
+    "sm_100a": {
+        "_ZN6mhc_sp4cuda25symm_sharded_layer_kernelILi4ELi8EEEvNS0_18ShardedLayerParamsE": 112,
+        "_ZN6mhc_sp4cuda25symm_lamport_layer_kernelILi4ELi8EEEvNS0_18LamportLayerParamsE": 104,
+        "_ZN6mhc_sp4cuda26symm_sharded_finish_kernelILi4ELi8EEEvNS0_18ShardedLayerParamsE": 8,
+        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE0ELi1EEEvNS0_7PreArgsEb": 24,
+        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE1ELi8EEEvNS0_7PreArgsEb": 16,
+        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE1ELi1EEEvNS0_7PreArgsEb": 8,
+        "_ZN6mhc_sp4cuda13finish_kernelILi4ELNS0_4ModeE0ELi1EEEvNS0_7PreArgsE": 8,
+        "_ZN6mhc_sp4cuda13finish_kernelILi4ELNS0_4ModeE0ELi8EEEvNS0_7PreArgsE": 8,
+        "_ZN6mhc_sp4cuda13finish_kernelILi4ELNS0_4ModeE1ELi1EEEvNS0_7PreArgsE": 8,
+    },
+}
 
 
 def find_cuobjdump() -> str | None:
@@ -113,10 +130,24 @@ def gated(usage: dict) -> dict[str, str]:
     }
 
 
+def built_archs(elf_list: str) -> list[str]:
+    """The architectures of the cubins `cuobjdump --list-elf` names (name.sm_90a.cubin, ...)."""
+    return sorted(set(re.findall(r"\.(sm_\d+[a-z]?)\.cubin", elf_list)))
+
+
 @pytest.fixture(scope="module")
-def usage():
+def usages():
+    """{arch: resource usage} for every architecture the extension carries cubins of."""
     extension()
-    return parse_resource_usage(cuobjdump("--dump-resource-usage"), ARCH)
+    archs = built_archs(cuobjdump("--list-elf"))
+    assert ARCH in archs, archs
+    text = cuobjdump("--dump-resource-usage")
+    return {arch: parse_resource_usage(text, arch) for arch in archs}
+
+
+@pytest.fixture(scope="module")
+def usage(usages):
+    return usages[ARCH]
 
 
 def test_parser_reads_cuobjdump_output():
@@ -154,20 +185,39 @@ arch = sm_100a
     assert list(gated(u).values()) == ["post_kernel"]
 
 
-def test_every_gated_family_is_in_the_build(usage):
-    found = set(gated(usage).values())
-    missing = sorted(set(GATED) - found)
-    assert not missing, f"no {ARCH} cubin of {missing} in {extension().name}"
+def test_the_architectures_are_read_from_the_elf_list():
+    listing = "ELF file 1: a.sm_90a.cubin\nELF file 2: a.sm_100a.cubin\nELF file 3: b.sm_90a.cubin"
+    assert built_archs(listing) == ["sm_100a", "sm_90a"]
 
 
-def test_no_stack_frame_or_spill_in_the_hot_kernels(usage):
-    bad = [
-        f"{family}: {name} REG {usage[name]['REG']} STACK {usage[name]['STACK']}"
-        for name, family in sorted(gated(usage).items())
-        if usage[name].get("STACK", 0) > 0 or usage[name].get("LOCAL", 0) > 0
-        if name not in STACK_EXCEPTIONS
-    ]
+def test_every_gated_family_is_in_the_build(usages):
+    for arch, usage in usages.items():
+        missing = sorted(set(GATED) - set(gated(usage).values()))
+        assert not missing, f"no {arch} cubin of {missing} in {extension().name}"
+
+
+def test_no_stack_frame_or_spill_in_the_hot_kernels(usages):
+    bad = []
+    for arch, usage in sorted(usages.items()):
+        allowed = STACK_EXCEPTIONS.get(arch, {})
+        for name, family in sorted(gated(usage).items()):
+            stack, local = usage[name].get("STACK", 0), usage[name].get("LOCAL", 0)
+            if local > 0 or stack > allowed.get(name, 0):
+                bad.append(f"{arch} {family}: {name} REG {usage[name]['REG']} STACK {stack}")
     assert not bad, "kernels with local memory (stack frame or spills):\n" + "\n".join(bad)
+
+
+def test_the_tolerated_frames_are_still_there(usages):
+    # An exception whose kernel lost its frame (or is gone) is removed from the list, so that the
+    # frame cannot come back unnoticed.
+    stale = [
+        f"{arch}: {name}"
+        for arch, names in STACK_EXCEPTIONS.items()
+        if arch in usages
+        for name in names
+        if usages[arch].get(name, {}).get("STACK", 0) == 0
+    ]
+    assert not stale, "STACK_EXCEPTIONS lists kernels without a frame:\n" + "\n".join(stale)
 
 
 def parse_ptx(text: str, arch: str) -> dict[str, str]:
