@@ -274,11 +274,26 @@ void weak_system_load(Fiber& f, const void* pc, const void* addr, const Site* at
 }
 
 // A store to system memory: now and then the thread gives way first (seeded), so that whoever
-// waits for it runs meanwhile.
+// waits for it runs meanwhile; rarely the whole block stalls for a while (a store that takes
+// the long way), so that a peer reading what this block stores sees the stores before it landed
+// and the ones after it not yet.
 void system_store_delay() {
   Block* b = current_block();
   if (b == nullptr || b->running == nullptr || !b->delays) return;
-  if (b->rng.below(16) == 0) yield_thread(false);
+  const uint64_t r = b->rng.below(256);
+  if (r == 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  } else if (r < 16) {
+    yield_thread(false);
+  }
+}
+
+// After a read-modify-write (an arrival counter, a claim): now and then the block stalls, so that
+// the block that sees the count complete runs while this block's other warps have not moved on.
+void rmw_delay() {
+  Block* b = current_block();
+  if (b == nullptr || b->running == nullptr || !b->delays) return;
+  if (b->rng.below(8) == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
 }  // namespace detail
@@ -360,6 +375,7 @@ uint64_t mem_rmw(Rmw op, void* p, int bytes, uint64_t operand, uint64_t compare,
                                          uint32_t(compare), order)
           : detail::atomic_rmw<uint64_t>(op, static_cast<uint64_t*>(p), operand, compare, order);
   detail::model_read(p, sem, scope);
+  detail::rmw_delay();
   return old;
 }
 
