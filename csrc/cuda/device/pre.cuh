@@ -433,7 +433,9 @@ template <int N, Mode MODE, int V>
 __device__ __forceinline__ void fused_finish(const PreArgs& a, int64_t tile) {
   using S = PreShape<N, MODE>;
   __threadfence();
-  if (threadIdx.x == 0) a.counters[tile] = 0;  // leave it zeroed (the launcher memsets it too)
+  // Leave it zeroed (the launcher memsets it too). An atomic store: the other blocks' increments
+  // are ordered before it only through the counter itself, so a plain store would race them.
+  if (threadIdx.x == 0) atomicExch(a.counters + tile, 0);
   const int count = static_cast<int>(min(int64_t(kTileTokens), a.T - tile * kTileTokens));
   float* scratch = reinterpret_cast<float*>(stage_memory<N, MODE>());
   finish_group<N, MODE, V>(a, tile * kTileTokens, count, scratch,

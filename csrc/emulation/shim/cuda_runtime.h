@@ -123,6 +123,10 @@ T atomic_intrinsic(Rmw op, T* p, U operand, C compare, Scope scope, const char* 
   ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kAdd, (p), (v), 0,             \
                                         ::mhc_sp::emulation::Scope::kGpu, "atomicAdd", __FILE__, \
                                         __LINE__)
+#define atomicExch(p, v)                                                                          \
+  ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kExch, (p), (v), 0,             \
+                                        ::mhc_sp::emulation::Scope::kGpu, "atomicExch", __FILE__, \
+                                        __LINE__)
 #define atomicCAS(p, expected, desired)                                                            \
   ::mhc_sp::emulation::atomic_intrinsic(::mhc_sp::emulation::Rmw::kCas, (p), (desired),            \
                                         (expected), ::mhc_sp::emulation::Scope::kGpu, "atomicCAS", \

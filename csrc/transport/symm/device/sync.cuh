@@ -256,7 +256,7 @@ __device__ __forceinline__ void end_call(uint32_t* done, uint64_t* calls, Last&&
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
       __threadfence();
       last();
-      *done = 0;
+      atomicExch(done, 0u);  // atomic: the other blocks' increments are ordered only through it
       *calls += 1;
       __threadfence();
     }
