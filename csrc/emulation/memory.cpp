@@ -330,7 +330,9 @@ uint64_t mem_load(const void* p, int bytes, Sem sem, Scope scope, const Site& at
   }
   if (sem == Sem::kWeak) {
     Fiber* f = current_fiber();
-    if (f != nullptr && detail::system_memory_name(p, bytes) != nullptr) {
+    // A vector load counts once, by its first element (poll_first), so that repeating it is
+    // repeating one load of one address.
+    if (f != nullptr && poll_first && detail::system_memory_name(p, bytes) != nullptr) {
       detail::weak_system_load(*f, at.what, p, &at);
     }
     uint64_t v = 0;
