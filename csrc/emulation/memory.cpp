@@ -34,8 +34,9 @@ namespace detail {
 namespace {
 
 // A thread that loads the same system-memory word this many times in a row with weak loads, with
-// no synchronisation point between, is polling it.
-constexpr uint32_t kWeakPollRepeats = 1000;
+// no synchronisation point between, is polling it. (A spinning fiber gives way at every load, so
+// a peer that is late by a millisecond sees only a few hundred of its loads.)
+constexpr uint32_t kWeakPollRepeats = 128;
 
 // ---- system memory: a sorted snapshot, replaced (never changed) when a range comes or goes ------
 
