@@ -80,6 +80,22 @@ def test_the_boundaries_take_the_kernels_they_are_meant_to():
         assert len(E.launches()) == grids * tp, E.launches()
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_sum_is_in_rank_order_where_the_order_shows(sharded):
+    """Partials of very different magnitudes (2^20, 1, -2^20 times random rows), so that fp32
+    sums in other orders give other bits: every rank's outputs are bitwise those of the rank-order
+    sum (Lamport mailbox and barrier exchange alike), and the data really tells the orders apart."""
+    tp, T = 3, 7
+    b = Boundary(tp, T, sharded, seed=77)
+    for r, scale in enumerate((2.0**20, 1.0, -(2.0**20))):
+        b.partials[r][:T] = (b.partials[r][:T].float() * scale).to(torch.bfloat16)
+    rows = [p[:T] for p in b.partials]
+    assert not torch.equal(R.sum_partials(rows), R.sum_partials(rows[::-1])), "orders look alike"
+    w = world(tp)
+    b.check_layer(outputs(w.run([b.layer_call(r) for r in range(tp)])))
+    no_errors(w)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8])
 def test_every_hc_mult_takes_the_symm_kernels(n):
     """hc_mult 4 runs everywhere above; every other hc_mult the symm dispatch compiles (1 to 8)
