@@ -257,9 +257,14 @@ def tp_pp_worker(rank: int, world: int, cut: bool) -> dict:
     import torch.distributed as dist
 
     import mhc_sp.distributed as msd
-    from mhc_sp.config import ParallelConfig
-    from mhc_sp.model import RoutingTrace, TPContext
-    from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
+    from mhc_sp.engine.config import ParallelConfig
+    from mhc_sp.engine.model import RoutingTrace, TPContext
+    from mhc_sp.engine.runner import (
+        ModelRunner,
+        ParallelGroups,
+        init_parallel_groups,
+        logits_tolerance,
+    )
     from tests.helpers.engines import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(2, 2, 4), "cpu")

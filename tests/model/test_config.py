@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from mhc_sp.config import (
+from mhc_sp.config import MhcConfig
+from mhc_sp.engine.config import (
     MAX_NUM_TOKENS,
     MOE_BACKEND_SUPPORTS_SP,
     CompilationConfig,
     EngineConfig,
-    MhcConfig,
     ModelConfig,
     ParallelConfig,
     PassConfig,
@@ -172,7 +172,7 @@ def test_explicit_pass_config_rules():
 
 
 def test_pass_without_a_minimum_takes_the_engines_default_or_switches_off(monkeypatch):
-    import mhc_sp.config.engine as engine_module
+    import mhc_sp.engine.config.engine as engine_module
 
     # No CUDA device (or a hidden size below the engine's minimum): no default exists, so the
     # pass is switched off with the engine's warning, never an error.

@@ -10,9 +10,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...profiling import PhaseTimer
 from ..config import EngineConfig
 from ..model import DeepseekV4Model, ModelOutput, RoutingTrace, check_gathered_stream
-from ..profiling import PhaseTimer
 from .calls import PAD_TOKEN_ID, CallTimer, check_token_ids, pad_rows
 from .graphs import GraphCache
 from .plan import ForwardPlan, plan_forward

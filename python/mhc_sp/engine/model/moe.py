@@ -13,7 +13,7 @@ Backends (``mhc_sp.config.MOE_BACKEND_SUPPORTS_SP``):
   ``ceil(capacity_factor * T * top_k / num_experts)`` tokens, in token order; later ones are dropped
   for that expert. Which tokens drop depends on the whole batch, so the backend is not valid on a
   token shard, where an engine running SP calls its MoE; it is refused whenever SP is enabled
-  (see ``mhc_sp.config.moe``).
+  (see ``mhc_sp.engine.config.moe``).
 
 Both have two formulations with the same math: the eager one gathers each expert's tokens (its
 sizes depend on the routing, read on the host); the dense one runs every expert on every token and

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import distributed as msd
+from ... import distributed as msd
 from ..config import ModelConfig, ParallelConfig
 from ..model import IntermediateTensors, TPContext, intermediate_shape
 from .plan import ForwardPlan

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Configuration, one module per concern:
+"""The engine simulation's configuration, one module per concern (the mHC constants every op
+takes, :class:`mhc_sp.config.MhcConfig`, live beside the ops, outside the simulation):
 
-* ``mhc``: :class:`MhcConfig`, the mHC constants every op takes;
 * ``model``: :class:`ModelConfig`, the dimensions of the DeepSeek-V4-style model;
 * ``parallel``: :class:`ParallelConfig`, tensor / pipeline sizes and ``sp_threshold``;
 * ``compilation``: :class:`PassConfig` and :class:`CompilationConfig`, the compile pass (with the
@@ -14,7 +14,6 @@
 from .compilation import CompilationConfig, PassConfig, sequence_parallelism_threshold
 from .engine import EngineConfig
 from .engine_args import EngineArgs
-from .mhc import MhcConfig
 from .model import ModelConfig
 from .moe import MOE_BACKEND_SUPPORTS_SP, check_moe_backend
 from .parallel import MAX_NUM_TOKENS, ParallelConfig
@@ -25,7 +24,6 @@ __all__ = [
     "EngineConfig",
     "MAX_NUM_TOKENS",
     "MOE_BACKEND_SUPPORTS_SP",
-    "MhcConfig",
     "ModelConfig",
     "ParallelConfig",
     "PassConfig",

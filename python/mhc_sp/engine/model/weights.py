@@ -44,7 +44,9 @@ def synthetic_full(name: str, full_shape: tuple[int, ...], init: str, seed: int)
 def _sharded_params(model: nn.Module):
     for name, p in model.named_parameters():
         if not hasattr(p, "full_shape"):
-            raise ValueError(f"{name}: parameter was not made by mhc_sp.model.parallel.make_param")
+            raise ValueError(
+                f"{name}: parameter was not made by mhc_sp.engine.model.parallel.make_param"
+            )
         yield name, p
 
 

@@ -70,7 +70,7 @@ def make_param(
     """An uninitialised (frozen) parameter holding this rank's slice of a ``full_shape`` tensor.
 
     The full shape, shard dim and synthetic init kind ride along as attributes so that
-    ``mhc_sp.model.weights`` can fill or load every parameter by name alone.
+    ``mhc_sp.engine.model.weights`` can fill or load every parameter by name alone.
     """
     p = torch.nn.Parameter(
         torch.empty(local_shape(full_shape, shard_dim, tp.size), dtype=dtype, device=device),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .. import ops
+from ... import ops
+from ...profiling import NULL_TIMER
 from ..config import ModelConfig
-from ..profiling import NULL_TIMER
 from .attention import CausalSelfAttention
 from .linear import RMSNorm
 from .mhc import HyperConnection, MhcStream

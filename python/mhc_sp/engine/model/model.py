@@ -9,10 +9,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .. import ops
+from ... import ops
+from ...ops import shard_rows
+from ...profiling import NULL_TIMER
 from ..config import ModelConfig
-from ..ops import shard_rows
-from ..profiling import NULL_TIMER
 from .layer import DeepseekV4DecoderLayer
 from .linear import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding
 from .mhc import HyperConnection, HyperHead, MhcStream
@@ -202,7 +202,7 @@ class DeepseekV4Model(nn.Module):
         cfg: model dimensions.
         tp: this rank's TP group (registered with ``mhc_sp.distributed.init``).
         pp_rank, pp_size: pipeline stage.
-        moe_backend: see ``mhc_sp.model.moe``.
+        moe_backend: see ``mhc_sp.engine.model.moe``.
         sequence_parallel: whether SP is enabled (refuses a MoE backend not valid with SP, and
             a ``sharded`` forward without it).
         device: ``"cpu"``, ``"cuda[:i]"`` or ``"meta"`` (shapes only, no weights materialised).
@@ -275,7 +275,8 @@ class DeepseekV4Model(nn.Module):
         the previous stage's hand-off (required on every stage but the first).
         ``return_final_stream``: on the last stage, also return the gathered final stream
         ``(T, n*H)`` that the MTP layer drafts from (see :meth:`mtp_forward`). ``routing``:
-        records (or replays) every MoE's expert choice, see ``mhc_sp.model.moe.RoutingTrace``.
+        records (or replays) every MoE's expert choice, see
+        ``mhc_sp.engine.model.moe.RoutingTrace``.
         """
         if (
             not isinstance(input_ids, Tensor)

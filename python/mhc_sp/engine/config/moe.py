@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The MoE backends of ``mhc_sp.model.moe`` and the rule that ties them to sequence parallelism.
+"""The MoE backends of ``mhc_sp.engine.model.moe`` and the rule that ties them to sequence
+parallelism.
 
 An engine that runs sequence parallel keeps the FFN's activations token-sharded, so its MoE runs
 on this rank's tokens only (DeepGEMM MegaMoE with expert parallelism, for example), and it enables

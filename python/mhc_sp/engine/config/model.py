@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...config import MhcConfig
 from ._checks import check_non_negative_int, check_positive_int
-from .mhc import MhcConfig
 
 
 @dataclass(frozen=True)

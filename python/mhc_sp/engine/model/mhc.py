@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import MhcConfig
+from ...config import MhcConfig
 from .parallel import TPContext, make_param
 
 

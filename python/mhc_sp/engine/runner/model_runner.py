@@ -11,9 +11,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...profiling import PhaseTimer
 from ..config import EngineConfig
 from ..model import DeepseekV4Model, IntermediateTensors, ModelOutput, RoutingTrace
-from ..profiling import PhaseTimer
 from .calls import PAD_TOKEN_ID, CallTimer, check_token_ids, pad_rows
 from .drafter import Drafter, DraftOutput
 from .graphs import GraphCache

@@ -1,5 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The mHC hyper-parameters (``MhcConfig``): the constants every op takes."""
+"""The mHC hyper-parameters (``MhcConfig``): the constants every op takes.
+
+Kept apart from the engine simulation's configuration (``mhc_sp.engine.config``), so that the op
+API (``mhc_sp.ops``) imports nothing of the simulation."""
 
 from __future__ import annotations
 

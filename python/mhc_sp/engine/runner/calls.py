@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..profiling import PhaseTimer
+from ...profiling import PhaseTimer
 
 #: Token id of padding rows. Padding rows follow the real ones and attention is causal, so they
 #: never reach a real token's logits; the runner trims them off.

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import ops
-from ..reference import rms_norm
+from ... import ops
+from ...reference import rms_norm
 from .parallel import TPContext, capturing, make_param
 
 
