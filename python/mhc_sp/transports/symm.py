@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Setup of the CUDA ``symm`` transport (used by :func:`mhc_sp.distributed.init`).
+"""The CUDA ``symm`` transport: a buffer per rank from torch symmetric memory that every rank maps
+(csrc/transport/symm/); ``"auto"`` prefers it to nccl wherever it can serve.
 
 Every rank allocates one buffer through torch symmetric memory, the group rendezvouses once (host
 blocking, never captured), and the C++ side gets the peer pointer table, initialises this rank's
@@ -18,9 +19,9 @@ with native atomics (NVLink; PCIe peers lack the system-scope
 atomics the kernels use to break a workspace), NCCL otherwise. Ranks that share a GPU count as
 reachable only when torch's own switch for it, ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1``, is
 set (tests run two ranks on one GPU so); such a group keeps no NCCL communicator, which NCCL
-refuses for ranks on one GPU. This module finds each rank's peer problems (:func:`peer_problems`);
-:func:`mhc_sp._transport_choice.choose_cuda` decides from them, on all ranks together, so a group
-never mixes transports, and keeps why (``mhc_sp.distributed.transport(...).reason``).
+refuses for ranks on one GPU. This module finds each rank's peer problems (:func:`peer_problems`)
+and gathers every rank's (:func:`unusable`), so that every rank decides alike
+(:func:`mhc_sp.transports.choice.choose`) and a group never mixes transports.
 """
 
 from __future__ import annotations
@@ -31,15 +32,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ProcessGroup
 
-from . import _C, _transport_choice
+from .. import _C
+from . import nccl
+from .choice import Unusable
+from .group import Group
 
 # The buffer and the rendezvous handle that keeps the peers' buffers mapped belong to the group's
 # C++ workspace, which releases them when the group's transport goes (mhc_sp.distributed.destroy
 # or a new init): nothing of a group is kept here.
 
+NAME = "symm"
+DEVICE = "cuda"
+
 _CONSTANTS = _C.symm_constants()
+#: The most ranks a symm group takes.
+MAX_WORLD: int = _CONSTANTS["max_world"]
 DEFAULT_MAILBOX_SLOT_BYTES: int = _CONSTANTS["default_mailbox_slot_bytes"]
 DEFAULT_HALF_BYTES: int = _CONSTANTS["default_half_bytes"]
 SHARED_GPU_SWITCH = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
@@ -122,12 +130,6 @@ def _check_bytes(value, name: str, default: int, minimum: int) -> int:
     return value
 
 
-def _gathered(pg: ProcessGroup, value, world: int) -> list:
-    out = [None] * world
-    dist.all_gather_object(out, value, group=pg)
-    return out
-
-
 def check_sizes(half_bytes, mailbox_slot_bytes) -> tuple[int, int]:
     """(half_bytes, mailbox_slot_bytes) with the defaults for None; TypeError/ValueError naming a
     bad one."""
@@ -136,51 +138,63 @@ def check_sizes(half_bytes, mailbox_slot_bytes) -> tuple[int, int]:
     return half, slot
 
 
-def init(
-    pg: ProcessGroup,
-    name: str,
-    rank: int,
-    world: int,
-    index: int,
-    transport: str,
-    timeout_s: float,
-    host: Sequence[int],
-    half_bytes: int | None = None,
-    mailbox_slot_bytes: int | None = None,
-) -> str:
-    """Set up the group's CUDA transport on device ``index``; collective. ``host[r]`` numbers rank
-    r's host (:func:`mhc_sp.distributed.hosts`). Returns the transport chosen ('symm' or 'nccl');
-    ``mhc_sp._transport_choice.reason(name, "cuda")`` says why."""
-    if not torch.cuda.is_available() or not hasattr(_C, "init_symm_transport"):
+def check_build() -> None:
+    """ValueError unless this build and machine can run the symm transport (and the NCCL
+    communicator it keeps)."""
+    nccl.check_build()
+    if not hasattr(_C, "init_symm_transport"):
         raise ValueError("device: CUDA transports need a CUDA build of mhc_sp and a visible GPU")
-    half, slot = check_sizes(half_bytes, mailbox_slot_bytes)
-    devices = [index] * world  # every rank's GPU, once the choice has needed them
 
-    def every_ranks_peer_problems() -> list:
-        nonlocal devices
-        devices = _gathered(pg, index, world)
-        mine = peer_problems(rank, host, devices, cuda_link_problem, shared_gpus_allowed())
-        return _gathered(pg, mine, world)
 
-    choice = _transport_choice.choose_cuda(
-        transport, name, world, _CONSTANTS["max_world"], every_ranks_peer_problems
+def every_ranks_peer_problems(group: Group) -> list[dict[int, str]]:
+    """For every rank, the peers whose GPU memory it cannot use, each with why (the same list on
+    every rank); fills ``group.devices``. Collective."""
+    group.devices = group.gather(group.cuda_index())
+    mine = peer_problems(
+        group.rank, group.hosts()[0], group.devices, cuda_link_problem, shared_gpus_allowed()
     )
-    _transport_choice.record(name, "cuda", choice)
-    chosen = choice.transport
+    return group.gather(mine)
+
+
+def unusable(group: Group) -> Unusable | None:
+    """More ranks than :data:`MAX_WORLD`, or a rank that cannot use a peer's GPU memory (the
+    lowest such pair is named)."""
+    if group.world > MAX_WORLD:
+        return Unusable(
+            f"symm takes at most {MAX_WORLD} ranks",
+            f"transport: 'symm' takes at most {MAX_WORLD} ranks, group {group.name!r} has "
+            f"{group.world}",
+        )
+    problems = every_ranks_peer_problems(group)
+    pairs = [(r, p, why) for r, peers in enumerate(problems) for p, why in sorted(peers.items())]
+    if not pairs:
+        return None
+    r, p, why = pairs[0]
+    return Unusable(
+        f"rank {r} cannot use rank {p}'s GPU memory: {why}",
+        f"transport: 'symm' needs every rank of group {group.name!r} to map every other "
+        f"rank's GPU memory (one host, peer access with native atomics); rank {r} cannot "
+        f"use rank {p}'s: {why} (use 'nccl' or 'auto')",
+    )
+
+
+def reason(requested: str, group: Group, unusable: dict) -> str:
+    fact = "every rank maps every other rank's GPU memory with native atomics"
+    return fact if requested == "auto" else f"requested; {fact}"
+
+
+def setup(group: Group) -> None:
+    """Allocate, rendezvous and initialise this rank's buffer; collective. Runs after
+    :func:`unusable` found every rank able to use every other's memory (``group.devices``)."""
+    half, slot = check_sizes(group.half_bytes, group.mailbox_slot_bytes)
+    name, rank, world, index = group.name, group.rank, group.world, group.cuda_index()
     # NCCL refuses ranks on one GPU: such a symm group keeps no NCCL communicator.
-    need_nccl = chosen == "nccl" or len(set(devices)) == world
-    uid = [_C.nccl_unique_id() if rank == 0 and need_nccl else None]
-    dist.broadcast_object_list(uid, group=pg, group_src=0)
-    if chosen == "nccl":
-        dist.barrier(group=pg)  # every rank is here: the blocking NCCL init cannot wait forever
-        _C.init_nccl_communicator(name, uid[0], index)
-        return chosen
+    uid = nccl.unique_id(group, needed=len(set(group.devices)) == world)
     from torch.distributed import _symmetric_memory as symm_mem
 
     layout = _C.symm_buffer_layout(world, slot, half)
     nbytes = layout["total_bytes"]
-    device = torch.device("cuda", index)
-    buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None:  # required by older torch, a deprecated no-op in newer ones
         with warnings.catch_warnings():
@@ -193,13 +207,14 @@ def init(
         mine = (buffer_offset(buffer.data_ptr(), bases[rank], nbytes, segment), None)
     except ValueError as e:
         mine = (None, str(e))
-    offsets = _gathered(pg, mine, world)
+    offsets = group.gather(mine)
     failed = [(r, err) for r, (_, err) in enumerate(offsets) if err is not None]
     if failed:
         r, err = failed[0]
         raise ValueError(f"{err} (rank {r} of group {name!r})")
     ptrs = peer_table(bases, [o for o, _ in offsets])
     # The workspace keeps the buffer and the handle (the peers' mappings) for as long as it lives.
-    _C.init_symm_transport(name, uid[0], index, buffer, ptrs, slot, half, float(timeout_s), handle)
-    dist.barrier(group=pg)  # every buffer is initialised before any rank's first push into it
-    return chosen
+    _C.init_symm_transport(
+        name, uid, index, buffer, ptrs, slot, half, float(group.timeout_s), handle
+    )
+    dist.barrier(group=group.pg)  # every buffer is initialised before any rank's first push
