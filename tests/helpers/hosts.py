@@ -6,7 +6,7 @@ harness assigns inside those namespaces; traffic never leaves them. A driver pro
 (``python -m tests.helpers.hosts drive ...`` from the repository root, entered with nsenter)
 starts that host's ranks of one world with mhc_sp.local_world.run_world and writes their results as
 JSON. Needs root (namespaces, mounts, links); tests skip without it. Used by
-tests/transport/test_hosts.py and bench/hosts_check.py."""
+tests/transport/test_hosts.py and tests/transport/hosts_check.py."""
 
 from __future__ import annotations
 

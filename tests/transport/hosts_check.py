@@ -4,7 +4,7 @@ tests/helpers/hosts.py; needs root): what transport="auto" picks and why, whethe
 results are bitwise those of one host, the tp=2 x pp=2 model check, and how long each rank takes
 to raise once the link between the hosts goes down. Writes JSON.
 
-    sudo .venv/bin/python bench/hosts_check.py --json bench/results/hosts.json
+    sudo .venv/bin/python -m tests.transport.hosts_check --json bench/results/hosts.json
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: tests.helpers is imported from the root
+from mhc_sp.local_world import run_world
+from tests.helpers import hosts as H
 
-from mhc_sp.local_world import run_world  # noqa: E402
-from tests.helpers import hosts as H  # noqa: E402
+#: How this check is run, from the repository root (its record's "command").
+COMMAND = ("python", "-m", "tests.transport.hosts_check")
 
 
 def cut_times(results: list[dict]) -> list[float | None]:
@@ -37,7 +38,7 @@ def main() -> int:
         return 2
     doc = {
         "kind": "hosts",
-        "command": " ".join(["bench/hosts_check.py", *sys.argv[1:]]),
+        "command": shlex.join([*COMMAND, *sys.argv[1:]]),
         "gloo_timeout_s": H.COLLECTIVE_TIMEOUT_S,
         "load_average_at_start": os.getloadavg(),
     }

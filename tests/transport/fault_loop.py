@@ -7,7 +7,7 @@ between them). Records, per fault and world size, the seconds from the fault to 
 error (median, p90, max), what each rank raised (messages with rank numbers and pids masked),
 whether a stopped rank wrote into its abandoned segment, and anything left in /dev/shm.
 
-    .venv/bin/python bench/fault_loop.py --json bench/results/faults.json
+    .venv/bin/python -m tests.transport.fault_loop --json bench/results/faults.json
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -24,11 +25,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script: tests.helpers is imported from the root
+from mhc_sp.local_world import run_world
+from tests.helpers import faults as F
 
-from mhc_sp.local_world import run_world  # noqa: E402
-from tests.helpers import faults as F  # noqa: E402
+#: How this check is run, from the repository root (its record's "command").
+COMMAND = ("python", "-m", "tests.transport.fault_loop")
 
 
 def masked(message: str | None) -> str | None:
@@ -100,7 +101,7 @@ def main() -> int:
     started = time.time()
     out = {
         "kind": "faults",
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": shlex.join([*COMMAND, *sys.argv[1:]]),
         "timeout_s": F.TIMEOUT_S,
         "tokens": F.TOKENS,
         "hidden": F.HIDDEN,
