@@ -3,23 +3,20 @@
 // every argument is checked once here, at the entry; then a transport that runs whole boundaries
 // in one pass (CPU shm, CUDA symm) takes the fused op, and otherwise the op is composed from the
 // group's collectives (gloo for CPU tensors, NCCL on the current stream for CUDA tensors) and the
-// math ops' bodies (mhc_sp/detail/impl.h). The symm transport composes the same way the calls its
-// kernels do not take. Nothing here synchronises with the host on CUDA.
+// math ops' bodies (mhc_sp/detail/impl.h), as it is for a call the fused transport declines (the
+// symm transport takes only the fused_layer calls its kernels fit): the composed path lives here
+// only, and no transport calls back into the ops. Nothing here synchronises with the host on CUDA.
 
 #include <c10/core/DeviceGuard.h>
 
-#include "mhc_sp/detail/boundary_protocol.h"
 #include "mhc_sp/comm.h"
-#include "mhc_sp/detail/composed_boundary.h"
 #include "mhc_sp/detail/impl.h"
 #include "mhc_sp/detail/nvtx.h"
+#include "mhc_sp/detail/shard.h"
 #include "mhc_sp/ops.h"
 
 namespace mhc_sp {
 namespace {
-
-using boundary::shard_rows;
-using boundary::shard_valid_rows;
 
 void check_rows_tensor(const Tensor& x, const char* name) {
   TORCH_CHECK_VALUE(x.defined(), name, ": expected a tensor, got None");
@@ -129,7 +126,7 @@ Tensor summing_collective(const Tensor& x, const std::string& group,
   return g.world == 1 ? out.clone() : out;
 }
 
-}  // namespace
+// The fused boundaries composed from the group's collectives and the math ops' bodies.
 
 EntryOutputs composed_fused_entry(const EntryArgs& a, const GroupHandle& g) {
   const int64_t T = a.x.size(0);
@@ -182,6 +179,19 @@ HeadOutputs composed_fused_head(const HeadArgs& a, const GroupHandle& g) {
   }
   return {hidden, residual_out};
 }
+
+// The transport's one-pass boundary (`run`) when it has one and takes the call, else `composed`.
+template <typename Outputs, typename Args>
+Outputs fused_or_composed(const GroupHandle& g, const Args& args,
+                          std::optional<Outputs> (FusedBoundary::*run)(const Args&),
+                          Outputs (*composed)(const Args&, const GroupHandle&)) {
+  if (FusedBoundary* fused = g.comm ? g.comm->fused() : nullptr) {
+    if (std::optional<Outputs> out = (fused->*run)(args)) return std::move(*out);
+  }
+  return composed(args, g);
+}
+
+}  // namespace
 
 Tensor shard_tokens_impl(const Tensor& x, int64_t rank, int64_t world_size) {
   const int64_t rows = shard_rows(x.size(0), world_size);
@@ -243,8 +253,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_entry(
       {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(x.device());
   const EntryArgs args{x, w, rows, sharded};
-  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_entry(args);
-  return composed_fused_entry(args, g);
+  return fused_or_composed(g, args, &FusedBoundary::fused_entry, composed_fused_entry);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
@@ -259,8 +268,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_layer(
       {rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult, sinkhorn_iters, norm_eps});
   const c10::DeviceGuard guard(residual.device());
   const LayerArgs args{partial, in, w, sharded, num_tokens};
-  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_layer(args);
-  return composed_fused_layer(args, g);
+  return fused_or_composed(g, args, &FusedBoundary::fused_layer, composed_fused_layer);
 }
 
 std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& residual,
@@ -277,8 +285,7 @@ std::tuple<Tensor, Tensor> fused_head(const Tensor& partial, const Tensor& resid
   const HeadWeights head{head_fn, head_scale, head_base, check_head_scalars(rms_eps, hc_eps)};
   const c10::DeviceGuard guard(residual.device());
   const HeadArgs args{partial, in, head, sharded, num_tokens};
-  if (g.comm && g.comm->fused()) return g.comm->fused()->fused_head(args);
-  return composed_fused_head(args, g);
+  return fused_or_composed(g, args, &FusedBoundary::fused_head, composed_fused_head);
 }
 
 }  // namespace mhc_sp

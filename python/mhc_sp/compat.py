@@ -93,6 +93,25 @@ def _call(op, renames: dict, *args):
 _VLLM_POST = {"post": "post_layer_mix", "comb": "comb_res_mix", "sinkhorn_iters": "sinkhorn_repeat"}
 
 
+def _vllm_post_inputs(x, post_layer_mix, comb_res_mix, lead, n: int, H: int) -> tuple:
+    """vLLM's post inputs ``x (..., H)``, ``post_layer_mix (..., n, 1)``, ``comb_res_mix
+    (..., n, n)`` as the op's contiguous (T, H), (T, n), (T, n, n)."""
+    return (
+        _rows(x, "x", lead, ((H,),), "(..., hidden)"),
+        _rows(post_layer_mix, "post_layer_mix", lead, ((n, 1), (n,)), "(..., hc_mult, 1)"),
+        _rows(comb_res_mix, "comb_res_mix", lead, ((n, n),), "(..., hc_mult, hc_mult)"),
+    )
+
+
+def _vllm_scalars(
+    rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_weight, norm_eps
+) -> tuple:
+    """vLLM's pre constants as the op's scalar tail (after ``norm_weight``)."""
+    iters = _count(sinkhorn_repeat, "sinkhorn_repeat")
+    norm_eps = norm_eps if norm_weight is not None else _UNUSED_NORM_EPS
+    return rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, iters, norm_eps
+
+
 # ---- vLLM ---------------------------------------------------------------------------------------
 
 
@@ -116,21 +135,10 @@ def mhc_pre(
     r, lead = _stream(residual, "residual")
     _count(n_splits, "n_splits")
     n, H = r.shape[1:]
-    post, comb, y = _call(
-        _ops.mhc_pre,
-        _VLLM_POST,
-        r,
-        fn,
-        hc_scale,
-        hc_base,
-        norm_weight,
-        rms_eps,
-        hc_pre_eps,
-        hc_sinkhorn_eps,
-        hc_post_mult_value,
-        _count(sinkhorn_repeat, "sinkhorn_repeat"),
-        norm_eps if norm_weight is not None else _UNUSED_NORM_EPS,
-    )
+    pre = (rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)
+    scalars = _vllm_scalars(*pre, norm_weight, norm_eps)
+    weights = (fn, hc_scale, hc_base, norm_weight)
+    post, comb, y = _call(_ops.mhc_pre, _VLLM_POST, r, *weights, *scalars)
     return post.view(*lead, n, 1), comb.view(*lead, n, n), y.view(*lead, H)
 
 
@@ -140,14 +148,8 @@ def mhc_post(x: Tensor, residual: Tensor, post_layer_mix: Tensor, comb_res_mix: 
     (..., n, 1) (or (..., n))."""
     r, lead = _stream(residual, "residual")
     n, H = r.shape[1:]
-    out = _call(
-        _ops.mhc_post,
-        _VLLM_POST,
-        _rows(x, "x", lead, ((H,),), "(..., hidden)"),
-        r,
-        _rows(post_layer_mix, "post_layer_mix", lead, ((n, 1), (n,)), "(..., hc_mult, 1)"),
-        _rows(comb_res_mix, "comb_res_mix", lead, ((n, n),), "(..., hc_mult, hc_mult)"),
-    )
+    x, post, comb = _vllm_post_inputs(x, post_layer_mix, comb_res_mix, lead, n, H)
+    out = _call(_ops.mhc_post, _VLLM_POST, x, r, post, comb)
     return out.view(*lead, n, H)
 
 
@@ -176,24 +178,11 @@ def mhc_fused_post_pre(
     _count(n_splits, "n_splits")
     _count(tile_n, "tile_n")
     n, H = r.shape[1:]
-    out, post, comb, y = _call(
-        _ops.mhc_post_pre,
-        _VLLM_POST,
-        _rows(x, "x", lead, ((H,),), "(..., hidden)"),
-        r,
-        _rows(post_layer_mix, "post_layer_mix", lead, ((n, 1), (n,)), "(..., hc_mult, 1)"),
-        _rows(comb_res_mix, "comb_res_mix", lead, ((n, n),), "(..., hc_mult, hc_mult)"),
-        fn,
-        hc_scale,
-        hc_base,
-        norm_weight,
-        rms_eps,
-        hc_pre_eps,
-        hc_sinkhorn_eps,
-        hc_post_mult_value,
-        _count(sinkhorn_repeat, "sinkhorn_repeat"),
-        norm_eps if norm_weight is not None else _UNUSED_NORM_EPS,
-    )
+    x, post, comb = _vllm_post_inputs(x, post_layer_mix, comb_res_mix, lead, n, H)
+    pre = (rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)
+    scalars = _vllm_scalars(*pre, norm_weight, norm_eps)
+    weights = (fn, hc_scale, hc_base, norm_weight)
+    out, post, comb, y = _call(_ops.mhc_post_pre, _VLLM_POST, x, r, post, comb, *weights, *scalars)
     return out.view(*lead, n, H), post.view(*lead, n, 1), comb.view(*lead, n, n), y.view(*lead, H)
 
 

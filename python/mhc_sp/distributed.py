@@ -38,9 +38,6 @@ recorded the failure (a rank that was not in the failed call records it in its n
 from __future__ import annotations
 
 import atexit
-import os
-import secrets
-import socket
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -48,7 +45,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from . import _C, _symm, _transport_choice
+from . import _C, transports
+from .transports import choice as _choice
+from .transports import hosts as _hosts
+from .transports import symm as _symm
 
 GroupLike = ProcessGroup | str | None
 
@@ -56,7 +56,7 @@ GroupLike = ProcessGroup | str | None
 WORLD = "0"
 
 #: Transports ``init`` accepts per device type ("auto" first, then the order "auto" prefers).
-TRANSPORTS = {device: ("auto", *family) for device, family in _transport_choice.PREFERENCE.items()}
+TRANSPORTS = {device: ("auto", *family) for device, family in transports.PREFERENCE.items()}
 
 
 def group_name(group: GroupLike) -> str:
@@ -180,52 +180,11 @@ def _timeout_seconds(pg: ProcessGroup, timeout: float | None) -> float:
         return dist.default_pg_timeout.total_seconds()
 
 
-#: Where POSIX shared-memory names live on Linux (shm_open("/x") is this directory's "x").
-_SHM_DIR = "/dev/shm"
-
-
-def _host_facts() -> dict:
-    """This process's side of :func:`hosts`: its kernel boot, its PID namespace, and a fresh
-    shared-memory probe (a private segment with a random name and random content), or None where
-    a fact cannot be had (then no other rank is taken to share the host)."""
-    facts = {"hostname": socket.gethostname(), "boot": None, "pid_ns": None, "probe": None}
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            facts["boot"] = f.read().strip()
-        st = os.stat("/proc/self/ns/pid")
-        facts["pid_ns"] = (st.st_dev, st.st_ino)
-    except OSError:
-        pass
-    name, token = f"mhc_sp_probe_{secrets.token_hex(16)}", secrets.token_hex(16)
-    try:
-        fd = os.open(os.path.join(_SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        facts["probe"] = (name, token)
-    except OSError:
-        pass
-    return facts
-
-
-def _reads_probe(probe) -> bool:
-    """Whether this process opens the shared-memory segment `probe` and finds its content."""
-    if probe is None:
-        return False
-    try:
-        with open(os.path.join(_SHM_DIR, probe[0])) as f:
-            return f.read() == probe[1]
-    except OSError:
-        return False
-
-
 def hosts(group: GroupLike = None) -> tuple[list[int], list[str]]:
     """Which ranks of ``group`` (None = WORLD) share a host; collective over the group.
 
-    Two ranks share a host when they run on the same kernel boot (its boot id), in the same PID
-    namespace (the shm transport watches its peers' process ids) and each reads a shared-memory
-    segment that the other has just created with a random name and content (so they share
-    ``/dev/shm``). The hostname is not used: containers and network namespaces give one machine
-    several names, and separate machines can have the same one.
+    Two ranks share a host when they run on the same kernel boot, in the same PID namespace, and
+    each reads a shared-memory segment the other has just made (:mod:`mhc_sp.transports.hosts`).
 
     Returns ``(host, why)``: ``host[r]`` numbers rank r's host (rank 0's is 0, the others in the
     order their first rank appears) and ``why[r]`` says why rank r is not on rank 0's host ("" when
@@ -234,88 +193,7 @@ def hosts(group: GroupLike = None) -> tuple[list[int], list[str]]:
     pg = dist.group.WORLD if group is None else group
     if isinstance(pg, str):
         pg = resolve(pg)
-    world = pg.size()
-    mine = _host_facts()
-    try:
-        facts = [None] * world
-        dist.all_gather_object(facts, mine, group=pg)
-        reads = [None] * world  # reads[a][b]: rank a read rank b's probe
-        dist.all_gather_object(reads, [_reads_probe(f["probe"]) for f in facts], group=pg)
-    finally:
-        if mine["probe"] is not None:
-            try:
-                os.unlink(os.path.join(_SHM_DIR, mine["probe"][0]))
-            except OSError:
-                pass
-
-    def differs(a: int, b: int) -> str:
-        """Why ranks a and b are not on one host ("" when they are)."""
-        fa, fb = facts[a], facts[b]
-        if fa["boot"] is None or fa["boot"] != fb["boot"]:
-            return "another kernel boot id"
-        if fa["pid_ns"] is None or fa["pid_ns"] != fb["pid_ns"]:
-            return "another PID namespace"
-        if not (reads[a][b] and reads[b][a]):
-            return (
-                f"no shared memory with rank {a} (a segment made by one is not found by the other)"
-            )
-        return ""
-
-    host, firsts = [], []
-    for r in range(world):
-        same = [k for k, first in enumerate(firsts) if not differs(first, r)]
-        if same:
-            host.append(same[0])
-        else:
-            host.append(len(firsts))
-            firsts.append(r)
-    why = [differs(0, r) if host[r] != 0 else "" for r in range(world)]
-    return host, why
-
-
-def _init_cpu(pg: ProcessGroup, name: str, rank: int, transport: str, timeout) -> None:
-    host, why = hosts(pg)
-    choice = _transport_choice.choose_cpu(transport, name, host, why)
-    _transport_choice.record(name, "cpu", choice)
-    if choice.transport == "gloo":
-        _C.init_gloo_transport(name)
-        return
-    seconds = _timeout_seconds(pg, timeout)
-    segment = [_C.new_shm_segment_name() if rank == 0 else None]
-    dist.broadcast_object_list(segment, group=pg, group_src=0)
-    _C.init_shm_transport(name, segment[0], seconds)
-
-
-def _init_cuda(
-    pg: ProcessGroup,
-    name: str,
-    rank: int,
-    world: int,
-    device,
-    transport: str,
-    config: TransportConfig,
-) -> None:
-    if not hasattr(_C, "init_nccl_communicator"):
-        raise ValueError(
-            "device: mhc_sp was built without CUDA; it cannot create an NCCL communicator"
-        )
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    # symm needs every rank on one host: the same test as the CPU transports' (nccl needs none).
-    host = [0] * world if transport == "nccl" else hosts(pg)[0]
-    seconds = _timeout_seconds(pg, config.timeout)
-    _symm.init(
-        pg,
-        name,
-        rank,
-        world,
-        index,
-        transport,
-        seconds,
-        host,
-        config.half_bytes,
-        config.mailbox_slot_bytes,
-    )
+    return _hosts.hosts(pg)
 
 
 def init(
@@ -360,10 +238,18 @@ def init(
     rank, world = dist.get_rank(pg), pg.size()
     _C.register_group(name, rank, world)
     if world > 1:
-        if device_type == "cuda":
-            _init_cuda(pg, name, rank, world, device, transport, config)
-        else:
-            _init_cpu(pg, name, rank, transport, config.timeout)
+        setup = transports.Group(
+            pg,
+            name,
+            rank,
+            world,
+            device_type,
+            device=device,
+            timeout_s=_timeout_seconds(pg, config.timeout),
+            half_bytes=config.half_bytes,
+            mailbox_slot_bytes=config.mailbox_slot_bytes,
+        )
+        transports.set_up(setup, transport)  # the family's table: mhc_sp.transports
     return name
 
 
@@ -385,7 +271,7 @@ def transport(group: GroupLike = None, device: torch.device | str | None = None)
     if not chosen:
         return None
     out = Transport(chosen)
-    out.reason = _transport_choice.reason(name, device_type)
+    out.reason = _choice.reason(name, device_type)
     return out
 
 
@@ -398,7 +284,7 @@ def destroy() -> None:
     alive; processes that end without exit hooks (``os._exit``, multiprocessing's fork and
     forkserver children) should call it themselves, as ``mhc_sp.local_world`` does."""
     _C.unregister_all_groups()
-    _transport_choice.forget()
+    _choice.forget()
 
 
 # Registered when this module is first imported, which is after torch's own import: hooks run in

@@ -123,6 +123,12 @@ def random_inputs(T: int, n: int, H: int, seed: int = 0, device="cpu") -> dict:
     }
 
 
+def stream_inputs(inputs: dict) -> tuple:
+    """The stream a post reads, of a :func:`random_inputs` dict (or of its shards), in the ops'
+    order: ``residual, post, comb``."""
+    return inputs["residual"], inputs["post"], inputs["comb"]
+
+
 def pre_weights(inputs: dict) -> tuple:
     """The next sublayer's pre arguments of a :func:`random_inputs` dict, in the ops' order:
     ``fn, scale, base, norm_weight`` (what ``mhc_pre``, ``mhc_post_pre`` and the fused boundaries

@@ -78,8 +78,8 @@ def fused_cases(rank: int, world: int, transport: str, group: str) -> None:
 
 
 def model_case(rank: int, world: int) -> None:
-    from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
-    from mhc_sp.runner import ModelRunner, init_parallel_groups
+    from mhc_sp.engine.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
+    from mhc_sp.engine.runner import ModelRunner, init_parallel_groups
 
     engine = EngineConfig(
         ModelConfig.tiny(),

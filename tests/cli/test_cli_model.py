@@ -84,9 +84,9 @@ def test_tp2_pp2_under_torchrun_with_two_draft_steps_and_check():
 def test_check_exits_nonzero_above_tolerance(monkeypatch, capsys):
     # One rank runs in this process, so a patched tolerance applies: tp=1 against tp=1 is
     # bit-exact (max_abs_diff=0), and a negative tolerance must make the check fail.
-    import mhc_sp.runner
+    import mhc_sp.engine.runner
 
-    monkeypatch.setattr(mhc_sp.runner, "logits_tolerance", lambda layers, ref: -1.0)
+    monkeypatch.setattr(mhc_sp.engine.runner, "logits_tolerance", lambda layers, ref: -1.0)
     code = cli.main(
         [
             "model",

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the tests of several subjects, and the scripts in bench/, share. No tests here (pytest
+"""What the tests of several subjects share (and the long checks tests/transport/fault_loop.py and
+hosts_check.py, run with ``python -m``). No tests here (pytest
 collects nothing from this package); each module says what it holds and who uses it:
 
 - boundaries: every fused boundary and collective of one case checked against the reference and

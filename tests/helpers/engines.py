@@ -4,7 +4,7 @@ they build around it, one keyword per knob. Used by tests/model/test_runner.py, 
 transport's model check (tests/transport/test_shm.py) and by the separate hosts' tp x pp
 scenario (hosts.py)."""
 
-from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
+from mhc_sp.engine.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
 
 TINY = ModelConfig.tiny()
 

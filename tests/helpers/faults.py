@@ -3,8 +3,8 @@
 transport (``msd.init(..., timeout=TIMEOUT_S)``): a rank killed (SIGKILL) or stopped (SIGSTOP,
 then SIGCONT), a rank that calls with another token count or another op, a rank that never calls.
 Every rank reports when and what it raised; times are CLOCK_MONOTONIC, the same clock in every
-process of the host. Used by tests/transport/test_faults.py and bench/fault_loop.py (and its
-looped boundary by the separate hosts' link cut, hosts.py).
+process of the host. Used by tests/transport/test_faults.py and tests/transport/fault_loop.py (and
+its looped boundary by the separate hosts' link cut, hosts.py).
 
 Ranks coordinate through files in a scratch directory (``sync``), not through torch.distributed:
 its store lives in rank 0, which may itself be the rank that is stopped or killed."""

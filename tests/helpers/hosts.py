@@ -6,7 +6,7 @@ harness assigns inside those namespaces; traffic never leaves them. A driver pro
 (``python -m tests.helpers.hosts drive ...`` from the repository root, entered with nsenter)
 starts that host's ranks of one world with mhc_sp.local_world.run_world and writes their results as
 JSON. Needs root (namespaces, mounts, links); tests skip without it. Used by
-tests/transport/test_hosts.py and bench/hosts_check.py."""
+tests/transport/test_hosts.py and tests/transport/hosts_check.py."""
 
 from __future__ import annotations
 
@@ -257,9 +257,14 @@ def tp_pp_worker(rank: int, world: int, cut: bool) -> dict:
     import torch.distributed as dist
 
     import mhc_sp.distributed as msd
-    from mhc_sp.config import ParallelConfig
-    from mhc_sp.model import RoutingTrace, TPContext
-    from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
+    from mhc_sp.engine.config import ParallelConfig
+    from mhc_sp.engine.model import RoutingTrace, TPContext
+    from mhc_sp.engine.runner import (
+        ModelRunner,
+        ParallelGroups,
+        init_parallel_groups,
+        logits_tolerance,
+    )
     from tests.helpers.engines import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(2, 2, 4), "cpu")

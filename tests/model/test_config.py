@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from mhc_sp.config import (
+from mhc_sp.config import MhcConfig
+from mhc_sp.engine.config import (
     MAX_NUM_TOKENS,
     MOE_BACKEND_SUPPORTS_SP,
     CompilationConfig,
     EngineConfig,
-    MhcConfig,
     ModelConfig,
     ParallelConfig,
     PassConfig,
@@ -172,7 +172,7 @@ def test_explicit_pass_config_rules():
 
 
 def test_pass_without_a_minimum_takes_the_engines_default_or_switches_off(monkeypatch):
-    import mhc_sp.config.engine as engine_module
+    import mhc_sp.engine.config.engine as engine_module
 
     # No CUDA device (or a hidden size below the engine's minimum): no default exists, so the
     # pass is switched off with the engine's warning, never an error.
@@ -275,25 +275,19 @@ def test_num_speculative_tokens():
 # ---- ModelConfig ---------------------------------------------------------------------------
 
 
+def dims(cfg: ModelConfig) -> tuple:
+    """hidden size, heads, layers, routed experts, experts per token."""
+    fields = ("hidden_size", "num_heads", "num_layers", "num_routed_experts", "num_experts_per_tok")
+    return tuple(getattr(cfg, f) for f in fields)
+
+
 def test_model_presets():
     t = ModelConfig.tiny()
-    assert (
-        t.hidden_size,
-        t.num_heads,
-        t.num_layers,
-        t.num_routed_experts,
-        t.num_experts_per_tok,
-    ) == (96, 12, 2, 8, 2)
+    assert dims(t) == (96, 12, 2, 8, 2)
     for tp in (1, 2, 3, 4):
         engine(tp=tp, model=t)  # every test TP size divides the tiny dims
     f = ModelConfig.v4_flash()
-    assert (
-        f.hidden_size,
-        f.num_heads,
-        f.num_layers,
-        f.num_routed_experts,
-        f.num_experts_per_tok,
-    ) == (4096, 64, 43, 256, 6)
+    assert dims(f) == (4096, 64, 43, 256, 6)
     assert ModelConfig.preset("v4-flash", num_layers=3).num_layers == 3
     with pytest.raises(ValueError, match="preset: unknown preset 'huge'"):
         ModelConfig.preset("huge")

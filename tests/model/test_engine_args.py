@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from mhc_sp.config import (
+from mhc_sp.engine.config import (
     CompilationConfig,
     EngineArgs,
     EngineConfig,

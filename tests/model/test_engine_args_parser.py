@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from mhc_sp.config import EngineArgs
+from mhc_sp.engine.config import EngineArgs
 
 # The flags of the three ways the tools call add_cli_args: all of them (serve, mhc-sp-bench model),
 # a few with other defaults (mhc-sp-bench tune) and one alone (mhc-sp-bench project). Per group

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import save_file
 
 import mhc_sp.distributed as msd
-from mhc_sp.config import ModelConfig
-from mhc_sp.model import (
+from mhc_sp.engine.config import ModelConfig
+from mhc_sp.engine.model import (
     DeepseekV4Model,
     IntermediateTensors,
     MoE,
@@ -21,7 +21,7 @@ from mhc_sp.model import (
     pp_layer_range,
     synthetic_state_dict,
 )
-from mhc_sp.model.parallel import shard_index
+from mhc_sp.engine.model.parallel import shard_index
 
 TINY = ModelConfig.tiny()
 
@@ -209,7 +209,7 @@ def test_moe_backend_not_valid_with_sp_raises():
 def test_row_parallel_linear_reduces_only_when_asked(world_of_one):
     # A world of one: the all-reduce is the identity, so the check is that it runs through the
     # group's all_reduce op exactly when reduce_results is set.
-    import mhc_sp.model.linear as linear
+    import mhc_sp.engine.model.linear as linear
 
     calls = []
     real = linear.ops.all_reduce

@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 
-from mhc_sp.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
-from mhc_sp.runner import ForwardPlan, is_sharded, plan_forward
+from mhc_sp.engine.config import CompilationConfig, EngineConfig, ModelConfig, ParallelConfig
+from mhc_sp.engine.runner import ForwardPlan, is_sharded, plan_forward
 
 TINY = ModelConfig.tiny()  # 12 heads, vocab 240, experts 48 wide: tp 1, 2, 3, 4, 6 all divide them
 TOKENS = range(1, 41)

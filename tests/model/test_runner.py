@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import mhc_sp.distributed as msd
-from mhc_sp.config import CompilationConfig, EngineConfig, ParallelConfig, PassConfig
-from mhc_sp.local_world import run_world
-from mhc_sp.runner import (
+from mhc_sp.engine.config import CompilationConfig, EngineConfig, ParallelConfig, PassConfig
+from mhc_sp.engine.runner import (
     ForwardPlan,
     ModelRunner,
     ParallelGroups,
@@ -21,6 +20,7 @@ from mhc_sp.runner import (
     logits_tolerance,
     plan_forward,
 )
+from mhc_sp.local_world import run_world
 from tests.helpers.engines import TINY, engine
 
 # ---- the decision ------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def engine_groups(rank, tp, pp, self_name):
     world: every rank creates every group."""
     import torch.distributed as dist
 
-    from mhc_sp.model import TPContext
+    from mhc_sp.engine.model import TPContext
 
     if tp * pp == WORLD:
         return init_parallel_groups(ParallelConfig(tp, pp))
@@ -194,8 +194,8 @@ def run_engine(rank, groups, tp, pp):
     """Every check of one engine on this rank; returns what the parent compares across ranks."""
     import torch.distributed as dist
 
-    import mhc_sp.runner.model_runner as model_runner
-    from mhc_sp.model import RoutingTrace, TPContext
+    import mhc_sp.engine.runner.model_runner as model_runner
+    from mhc_sp.engine.model import RoutingTrace, TPContext
     from mhc_sp.ops import shard_rows
 
     on = ModelRunner(engine(tp, sp=THRESHOLD, pp=pp, spec=SPEC), groups)
@@ -285,7 +285,7 @@ def run_engine(rank, groups, tp, pp):
 def check_draft_steps_decide_on_their_own_count(groups, ref):
     """tp=3, sp_threshold=2: a 2-token forward pads to 3 rows and shards; its draft steps
     (2 tokens, fewer than tp) do not, as the engine's draft layer decides; all match tp=1."""
-    from mhc_sp.model import RoutingTrace
+    from mhc_sp.engine.model import RoutingTrace
 
     runner = ModelRunner(engine(3, sp=2, spec=2), groups)
     g = torch.Generator().manual_seed(2)
@@ -304,7 +304,7 @@ def check_draft_steps_decide_on_their_own_count(groups, ref):
 
 
 def check_padding_and_capacity(on, groups, tp):
-    from mhc_sp.model import DeepseekV4Model, RoutingTrace, TPContext
+    from mhc_sp.engine.model import DeepseekV4Model, RoutingTrace, TPContext
 
     # Padding tokens never reach real tokens: other pad contents, same real rows, bit for bit,
     # in the main forward and in a draft step.

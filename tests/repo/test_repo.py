@@ -123,10 +123,12 @@ def test_every_test_file_lives_in_a_subject_folder():
 def test_modules_import_each_other_by_package_path():
     """No module of tests/, bench/ or examples/ imports another of them by its bare name (``import
     hosts``, ``from test_sp_ops import ...``): the tests' modules are ``tests.<package>.<module>``,
-    the examples ``examples.<module>``. Nothing under tests/ changes sys.path to that end."""
+    the examples ``examples.<module>``. Nothing changes sys.path to that end, and nothing in bench/
+    or examples/ imports the tests (a script that runs the tests' scenarios is a module of tests/,
+    run with ``python -m``)."""
     local = {p.stem for d in CODE_FOLDERS for p in (ROOT / d).rglob("*.py")}
     local -= {"__init__", "conftest"}
-    bare, path_edits = [], []
+    bare, path_edits, tests_imported = [], [], []
     for d in CODE_FOLDERS:
         for path in sorted((ROOT / d).rglob("*.py")):
             where = path.relative_to(ROOT).as_posix()
@@ -139,11 +141,14 @@ def test_modules_import_each_other_by_package_path():
                 else:
                     continue
                 bare += [f"{where}:{node.lineno}: {n}" for n in names if n.split(".")[0] in local]
-            if d == "tests":
-                lines = [text.count("\n", 0, m.start()) + 1 for m in SYS_PATH_EDIT.finditer(text)]
-                path_edits += [f"{where}:{line}" for line in lines]
+                if d != "tests":  # benchmarks and examples import the product, not the tests
+                    outside = [n for n in names if n.split(".")[0] == "tests"]
+                    tests_imported += [f"{where}:{node.lineno}: {n}" for n in outside]
+            lines = [text.count("\n", 0, m.start()) + 1 for m in SYS_PATH_EDIT.finditer(text)]
+            path_edits += [f"{where}:{line}" for line in lines]
     assert not bare, "imports by bare name:\n" + "\n".join(bare)
     assert not path_edits, "sys.path changed in: " + ", ".join(path_edits)
+    assert not tests_imported, "the tests imported by: " + ", ".join(tests_imported)
 
 
 def test_every_test_in_tests_cuda_carries_the_cuda_marker(request):

@@ -4,8 +4,8 @@
 that disagree on a call all raise ValueError, a stopped rank raises once it runs again and writes
 nothing into the segment its peers abandoned, init works again (in the same world, or in a fresh
 one after a kill), and no segment is left in /dev/shm. The default suite runs one world of each
-size; the rest is marked slow (scripts/slow_tests.sh). bench/fault_loop.py records the detection
-times over many random injection points."""
+size; the rest is marked slow (scripts/slow_tests.sh). tests/transport/fault_loop.py records the
+detection times over many random injection points."""
 
 import re
 

@@ -11,7 +11,7 @@ import torch
 from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.local_world import run_world
-from mhc_sp.testing import head_weights, pre_weights, random_inputs
+from mhc_sp.testing import head_weights, pre_weights, random_inputs, stream_inputs
 
 pytestmark = pytest.mark.distributed
 
@@ -53,50 +53,14 @@ def worker_sharded_equals_replicated(rank, world):
             valid = slice(own.start, min(own.stop, T))
             n_valid = max(0, valid.stop - valid.start)
 
-            rep = ops.fused_layer(
-                partial,
-                i["residual"],
-                i["post"],
-                i["comb"],
-                *pre_weights(i),
-                group,
-                False,
-                T,
-            )
-            sp = ops.fused_layer(
-                partial,
-                shard["residual"],
-                shard["post"],
-                shard["comb"],
-                *pre_weights(i),
-                group,
-                True,
-                T,
-            )
+            rep = ops.fused_layer(partial, *stream_inputs(i), *pre_weights(i), group, False, T)
+            sp = ops.fused_layer(partial, *stream_inputs(shard), *pre_weights(i), group, True, T)
             for name, a, b in zip(("residual_out", "post_out", "comb_out"), sp[:3], rep[:3]):
                 check_equal(a[:n_valid], b[valid], f"{tag} fused_layer {name}")
             check_equal(sp[3], rep[3], f"{tag} fused_layer layer_input")
 
-            rep = ops.fused_head(
-                partial,
-                i["residual"],
-                i["post"],
-                i["comb"],
-                *head_weights(i),
-                group,
-                False,
-                T,
-            )
-            sp = ops.fused_head(
-                partial,
-                shard["residual"],
-                shard["post"],
-                shard["comb"],
-                *head_weights(i),
-                group,
-                True,
-                T,
-            )
+            rep = ops.fused_head(partial, *stream_inputs(i), *head_weights(i), group, False, T)
+            sp = ops.fused_head(partial, *stream_inputs(shard), *head_weights(i), group, True, T)
             check_equal(sp[0], rep[0], f"{tag} fused_head hidden")
             check_equal(sp[1][:n_valid], rep[1][valid], f"{tag} fused_head residual_out")
 

@@ -17,7 +17,7 @@ import torch
 import mhc_sp.distributed as msd
 from mhc_sp import ops
 from mhc_sp import reference as R
-from mhc_sp.config import ParallelConfig
+from mhc_sp.engine.config import ParallelConfig
 from mhc_sp.local_world import run_world
 from mhc_sp.testing import head_weights, pre_weights, random_inputs
 from tests.helpers.boundaries import partials_for
@@ -228,8 +228,13 @@ def worker_protocol(rank, world):
 
 def model_check(rank, world):
     """The V4 model's SP forward on the shm transport matches the tp=1 model (runner tolerance)."""
-    from mhc_sp.model import RoutingTrace, TPContext
-    from mhc_sp.runner import ModelRunner, ParallelGroups, init_parallel_groups, logits_tolerance
+    from mhc_sp.engine.model import RoutingTrace, TPContext
+    from mhc_sp.engine.runner import (
+        ModelRunner,
+        ParallelGroups,
+        init_parallel_groups,
+        logits_tolerance,
+    )
     from tests.helpers.engines import TINY, engine
 
     groups = init_parallel_groups(ParallelConfig(world), "cpu")

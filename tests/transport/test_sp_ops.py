@@ -20,7 +20,7 @@ from mhc_sp import ops
 from mhc_sp import reference as R
 from mhc_sp.config import MhcConfig
 from mhc_sp.local_world import COLLECTIVE_TIMEOUT_S, run_world
-from mhc_sp.testing import head_weights, pre_weights, random_inputs
+from mhc_sp.testing import head_weights, pre_weights, random_inputs, stream_inputs
 from tests.helpers.boundaries import (
     boundary_cases,
     check_layer_outputs,
@@ -54,7 +54,7 @@ def worker_large_boundary(rank, world):
     i = random_inputs(T, n, H, seed=11)
     partials = partials_for(world, T, H, seed=12)
     total = R.sum_partials(partials)
-    mine = [R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb")]
+    mine = [R.shard_tokens(t, rank, world) for t in stream_inputs(i)]
     rows = mine[0].shape[0]
     lo, hi = rank * rows, min(T, (rank + 1) * rows)
     got = ops.fused_layer(partials[rank], *mine, *pre_weights(i), group, True, T)
@@ -74,25 +74,27 @@ def test_large_boundary_on_shm():
     assert run_world(2, worker_large_boundary, start="forkserver") == [True, True]
 
 
+def sharded_case(rank: int, world: int, T: int, seed: int) -> tuple:
+    """A boundary of T tokens (hc_mult 4, H = 64): the inputs, this rank's partial (seed + 1) and
+    this rank's shard of the stream (residual, post, comb)."""
+    i = random_inputs(T, 4, 64, seed=seed)
+    partial = partials_for(world, T, 64, seed=seed + 1)[rank]
+    return i, partial, tuple(R.shard_tokens(t, rank, world) for t in stream_inputs(i))
+
+
 def worker_compiled_boundary(rank, world):
     import mhc_sp.distributed as msd
 
     group = msd.init()
-    T, n, H = 11, 4, 64
-    i = random_inputs(T, n, H, seed=5)
-    partials = partials_for(world, T, H, seed=6)
-    res = R.shard_tokens(i["residual"], rank, world)
-    post = R.shard_tokens(i["post"], rank, world)
-    comb = R.shard_tokens(i["comb"], rank, world)
+    T = 11
+    i, partial, (res, post, comb) = sharded_case(rank, world, T, seed=5)
 
     def boundary(partial, residual, post, comb):
         out = ops.fused_layer(partial, residual, post, comb, *pre_weights(i), group, True, T)
         return out[0], out[3] * 2
 
     compiled = torch.compile(boundary, fullgraph=True)
-    for a, b in zip(
-        compiled(partials[rank], res, post, comb), boundary(partials[rank], res, post, comb)
-    ):
+    for a, b in zip(compiled(partial, res, post, comb), boundary(partial, res, post, comb)):
         assert torch.equal(a, b)
     return True
 
@@ -106,10 +108,8 @@ def worker_wrong_shape(rank, world):
     import mhc_sp.distributed as msd
 
     group = msd.init()
-    T, n, H = 8, 4, 64
-    i = random_inputs(T, n, H, seed=1)
-    partial = partials_for(world, T, H, seed=2)[rank]
-    res, post, comb = (R.shard_tokens(i[k], rank, world) for k in ("residual", "post", "comb"))
+    T = 8
+    i, partial, (res, post, comb) = sharded_case(rank, world, T, seed=1)
     unnormed = (i["fn"], i["scale"], i["base"], None)
     if rank == 1:
         with pytest.raises(ValueError, match="^partial: expected size 64 at dim 1"):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Host-side logic of the CUDA symm transport, on CPU: the layout of a rank's buffer, which mailbox
 or half a call uses, which path a call takes, the peer pointer table's checks, the error text,
-and the peer problems the transport choice reads (mhc_sp._symm; the choice itself is
+and the peer problems the transport choice reads (mhc_sp.transports.symm; the choice itself is
 test_transport_choice.py's). The kernels themselves run in bench/symm_harness.py on a GPU
 (simulated ranks)."""
 
@@ -11,9 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mhc_sp.distributed as msd
-from mhc_sp import _C, _symm, _transport_choice
+from mhc_sp import _C, transports
 from mhc_sp import reference as R
 from mhc_sp.testing import TESTING_MODULE_MISSING, load_testing_module
+from mhc_sp.transports import Group
+from mhc_sp.transports import choice as _transport_choice
+from mhc_sp.transports import symm as _symm
 
 _testing = load_testing_module()
 # The host arithmetic of the symm transport is bound in the testing module only.
@@ -326,8 +329,11 @@ def test_lamport_tags_never_hold_the_empty_marker_and_tell_calls_apart():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_init_without_cuda_raises():
-    with pytest.raises(ValueError, match="^device: CUDA transports need"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 1.0, [0, 0])
+    # A build without CUDA cannot make NCCL's communicator; a CUDA build without a GPU says so.
+    with pytest.raises(
+        ValueError, match="^device: (mhc_sp was built without CUDA|CUDA transports)"
+    ):
+        _symm.check_build()
 
 
 def test_byte_arguments_are_checked():
@@ -416,8 +422,8 @@ def test_fused_ops_on_symm_match_reference(world):
 
 class FakeWorld:
     """Stands in for torch.distributed, torch symmetric memory and the CUDA bindings, so that
-    _symm.init's orchestration runs on CPU as rank 0 of a world of two: what the peer contributes
-    to each gather is given; the arguments init hands to the C++ side are recorded."""
+    the symm setup's orchestration runs on CPU as rank 0 of a world of two: what the peer
+    contributes to each gather is given; the arguments init hands to the C++ side are recorded."""
 
     def __init__(self, devices, peer_offset=(0x40000, None), own_offset=0x10000):
         # peer_offset: what rank 1 reports, (offset in its segment, None) or (None, its error)
@@ -465,12 +471,20 @@ class FakeWorld:
             self.init_args = args
 
         monkeypatch.setattr(_C, "init_symm_transport", init_symm_transport, raising=False)
+        monkeypatch.setattr(_C, "init_nccl_communicator", lambda *args: None, raising=False)
+
+
+def set_up_symm(host):
+    """Rank 0's ``init(device="cuda:0", transport="symm", timeout=5)`` in a world of two whose
+    hosts are ``host``; returns the transport set up."""
+    group = Group(None, "g", 0, 2, "cuda", "cuda:0", 5.0, host_facts=(host, ["", ""]))
+    return transports.set_up(group, "symm")
 
 
 def test_init_builds_the_table_from_every_ranks_offset(monkeypatch):
     world = FakeWorld(devices=[0, 1])
     world.install(monkeypatch)
-    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0]) == "symm"
+    assert set_up_symm([0, 0]) == "symm"
     name, uid, index, buffer, ptrs = world.init_args[:5]
     assert (name, uid, index) == ("g", b"id", 0)  # separate GPUs: an NCCL fallback too
     assert ptrs == [world.buffer.data_ptr(), 0x7F0000000000 + 0x40000]
@@ -485,18 +499,18 @@ def test_init_on_ranks_of_two_hosts_picks_nccl(monkeypatch):
     world = FakeWorld(devices=[0, 1])
     world.install(monkeypatch)
     with pytest.raises(ValueError, match="^transport: 'symm' needs .* it runs on another host"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 1])
+        set_up_symm([0, 1])
 
 
 def test_init_with_ranks_on_one_gpu_keeps_no_nccl(monkeypatch):
     world = FakeWorld(devices=[0, 0])
     world.install(monkeypatch)
     with pytest.raises(ValueError, match="^transport: 'symm' needs .* shares GPU 0"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0])
+        set_up_symm([0, 0])
     world = FakeWorld(devices=[0, 0])
     world.install(monkeypatch)
     monkeypatch.setenv(_symm.SHARED_GPU_SWITCH, "1")
-    assert _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0]) == "symm"
+    assert set_up_symm([0, 0]) == "symm"
     assert world.init_args[1] is None  # NCCL refuses ranks on one GPU
     _transport_choice.forget()
 
@@ -505,7 +519,7 @@ def test_init_fails_on_every_rank_when_one_buffer_is_outside_its_segment(monkeyp
     world = FakeWorld(devices=[0, 1], peer_offset=(None, "buffer: not inside (peer)"))
     world.install(monkeypatch)
     with pytest.raises(ValueError, match=r"^buffer: not inside \(peer\) \(rank 1 of group 'g'\)"):
-        _symm.init(None, "g", 0, 2, 0, "symm", 5.0, [0, 0])
+        set_up_symm([0, 0])
     assert world.init_args is None
 
 

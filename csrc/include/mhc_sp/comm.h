@@ -8,8 +8,9 @@
 // (csrc/transport/nccl/) or a symmetric-memory workspace over the peers' GPU buffers
 // (csrc/transport/symm/). A world of one needs none ("local"). The registry
 // (csrc/transport/registry.cpp) owns each transport; an op holds it for its call. Each transport's
-// factory and setup bindings are in its own folder (transport/<name>/transport.h); the boundary
-// composed from the collectives is in mhc_sp/detail/composed_boundary.h.
+// factory and setup bindings are in its own folder (transport/<name>/transport.h). The fused ops
+// that a transport does not take are composed from its collectives by the ops themselves
+// (csrc/ops/sp_ops.cpp): a transport never calls back into the ops.
 
 #include <ATen/ATen.h>
 
@@ -57,13 +58,16 @@ using LayerOutputs =
 using HeadOutputs = std::tuple<Tensor, Tensor>;  // hidden, residual_out
 
 // A transport that runs a whole boundary (exchange, mHC math, gather) in one pass. Outputs follow
-// docs/design.md §2 exactly, padding rows of the stream outputs included (zeros).
+// docs/design.md §2 exactly, padding rows of the stream outputs included (zeros). A call the
+// transport does not take (it does not fit its buffers, or it has no one-pass form of that
+// boundary) returns nullopt, before anything is exchanged: the op then composes it from the
+// collectives.
 class FusedBoundary {
  public:
   virtual ~FusedBoundary() = default;
-  virtual EntryOutputs fused_entry(const EntryArgs& a) = 0;
-  virtual LayerOutputs fused_layer(const LayerArgs& a) = 0;
-  virtual HeadOutputs fused_head(const HeadArgs& a) = 0;
+  virtual std::optional<EntryOutputs> fused_entry(const EntryArgs& a) = 0;
+  virtual std::optional<LayerOutputs> fused_layer(const LayerArgs& a) = 0;
+  virtual std::optional<HeadOutputs> fused_head(const HeadArgs& a) = 0;
 };
 
 // Out-of-place collectives over dim 0 of contiguous tensors, summing for the reductions.
@@ -78,8 +82,7 @@ class Communicator {
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
   // out <- sum over ranks of in (same shape)
   virtual void all_reduce(Tensor& out, const Tensor& in) = 0;
-  // The one-pass boundary, when the transport has one (else the ops compose the collectives:
-  // mhc_sp/detail/composed_boundary.h).
+  // The one-pass boundary, when the transport has one (else the ops compose the collectives).
   virtual FusedBoundary* fused() { return nullptr; }
 };
 

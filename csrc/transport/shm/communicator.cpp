@@ -100,7 +100,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
     call.finish();
   }
 
-  EntryOutputs fused_entry(const EntryArgs& a) override {
+  std::optional<EntryOutputs> fused_entry(const EntryArgs& a) override {
     const StreamShape& s = a.stream;
     if (!a.sharded) {
       MHC_SP_NVTX_PHASE("fused_entry/pre");
@@ -132,10 +132,10 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       gather_peer_rows(call, layer_input, rows);
     }
     call.finish();
-    return {residual, post, comb, layer_input};
+    return EntryOutputs{residual, post, comb, layer_input};
   }
 
-  LayerOutputs fused_layer(const LayerArgs& a) override {
+  std::optional<LayerOutputs> fused_layer(const LayerArgs& a) override {
     const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
     const int64_t valid = real_rows(a.sharded, tokens);
@@ -170,10 +170,10 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       gather_after_barrier(call, layer_input, rows, valid);
     }
     call.finish();
-    return {residual_out, post, comb, layer_input};
+    return LayerOutputs{residual_out, post, comb, layer_input};
   }
 
-  HeadOutputs fused_head(const HeadArgs& a) override {
+  std::optional<HeadOutputs> fused_head(const HeadArgs& a) override {
     const StreamShape& s = a.in.shape;
     const int64_t tokens = a.num_tokens, rows = s.T;
     const int64_t valid = real_rows(a.sharded, tokens);
@@ -203,7 +203,7 @@ class ShmCommunicator final : public Communicator, public FusedBoundary {
       gather_after_barrier(call, hidden, rows, valid);
     }
     call.finish();
-    return {hidden, residual_out};
+    return HeadOutputs{hidden, residual_out};
   }
 
  private:

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // mhc_sp._C bindings of the symm transport: the constants and buffer layout its setup needs (every
 // build), and, in CUDA builds, the peer-link query and the transport's setup, both driven by
-// mhc_sp.distributed.init through python/mhc_sp/_symm.py. What only tests use (the host arithmetic,
-// the simulated ranks) is in the testing module (csrc/testing/).
+// mhc_sp.distributed.init through python/mhc_sp/transports/symm.py. What only tests use (the host
+// arithmetic, the simulated ranks) is in the testing module (csrc/testing/).
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

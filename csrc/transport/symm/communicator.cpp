@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The symm transport for CUDA tensors: the communicator the ops use over this rank's workspace
 // (transport/symm/workspace.h; the peer buffers come from torch symmetric memory at
-// mhc_sp.distributed.init, see python/mhc_sp/_symm.py). Calls that do not fit the workspace (or a
-// dtype the kernels do not reduce) go to the group's NCCL communicator, which the transport keeps.
+// mhc_sp.distributed.init, see python/mhc_sp/transports/symm.py). Collectives that do not fit the
+// workspace (or a dtype the kernels do not reduce) go to the group's NCCL communicator, which the
+// transport keeps; fused calls the kernels do not take are declined, and the op composes them.
 
 #include "transport/symm/communicator.h"
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "mhc_sp/detail/composed_boundary.h"
 #include "transport/symm/kernels.h"
 
 namespace mhc_sp::symm {
@@ -76,8 +76,8 @@ bool SymmCommunicator::kernels_take(const LayerArgs& a) const {
   return exchange_path(ws_->layout(), h) == Path::kExchange;
 }
 
-LayerOutputs SymmCommunicator::fused_layer(const LayerArgs& a) {
-  if (!kernels_take(a)) return composed_fused_layer(a, handle());
+std::optional<LayerOutputs> SymmCommunicator::fused_layer(const LayerArgs& a) {
+  if (!kernels_take(a)) return std::nullopt;
   ws_->check(group_);
   const LayerArgs call = aligned_layer_args(a);
   LayerOutputs out = layer_outputs(call);
@@ -87,14 +87,11 @@ LayerOutputs SymmCommunicator::fused_layer(const LayerArgs& a) {
   return out;
 }
 
-// The entry has no reduction and the head's collapse is small: both compose this transport's
-// collectives (the sharded head's reduce-scatter and gather run over the buffer).
-EntryOutputs SymmCommunicator::fused_entry(const EntryArgs& a) {
-  return composed_fused_entry(a, handle());
-}
+// The entry has no reduction and the head's collapse is small: both are declined, and the op
+// composes them from this transport's collectives (the sharded head's reduce-scatter and gather
+// run over the buffer).
+std::optional<EntryOutputs> SymmCommunicator::fused_entry(const EntryArgs&) { return std::nullopt; }
 
-HeadOutputs SymmCommunicator::fused_head(const HeadArgs& a) {
-  return composed_fused_head(a, handle());
-}
+std::optional<HeadOutputs> SymmCommunicator::fused_head(const HeadArgs&) { return std::nullopt; }
 
 }  // namespace mhc_sp::symm

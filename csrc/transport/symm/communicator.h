@@ -3,6 +3,7 @@
 // The group's transport for CUDA tensors over symmetric memory (transport/symm/communicator.cpp).
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "mhc_sp/comm.h"
@@ -11,13 +12,11 @@
 namespace mhc_sp::symm {
 
 // fused_layer runs the symm kernels when the call fits them (replicated: the Lamport mailbox;
-// sharded: a half); every other fused call is composed from this transport's collectives and the
-// math ops' bodies, and a collective that does not fit the buffer (or reduces another dtype than
-// bf16) goes to the NCCL communicator kept as the fallback (none when ranks share a GPU: such a
-// call raises).
-class SymmCommunicator final : public Communicator,
-                               public FusedBoundary,
-                               public std::enable_shared_from_this<SymmCommunicator> {
+// sharded: a half); every other fused call is declined (nullopt), and the op composes it from
+// this transport's collectives and the math ops' bodies. A collective that does not fit the buffer
+// (or reduces another dtype than bf16) goes to the NCCL communicator kept as the fallback (none
+// when ranks share a GPU: such a call raises).
+class SymmCommunicator final : public Communicator, public FusedBoundary {
  public:
   SymmCommunicator(std::string group, std::unique_ptr<SymmWorkspace> workspace,
                    std::shared_ptr<Communicator> fallback);
@@ -26,16 +25,14 @@ class SymmCommunicator final : public Communicator,
   void reduce_scatter(Tensor& out, const Tensor& in) override;
   void all_reduce(Tensor& out, const Tensor& in) override;
   FusedBoundary* fused() override { return this; }
-  EntryOutputs fused_entry(const EntryArgs& a) override;
-  LayerOutputs fused_layer(const LayerArgs& a) override;
-  HeadOutputs fused_head(const HeadArgs& a) override;
+  std::optional<EntryOutputs> fused_entry(const EntryArgs& a) override;
+  std::optional<LayerOutputs> fused_layer(const LayerArgs& a) override;
+  std::optional<HeadOutputs> fused_head(const HeadArgs& a) override;
 
  private:
   bool collective(boundary::Op op, Tensor& out, const Tensor& in);
   Communicator& fallback(const Tensor& in);  // ValueError when there is none
   bool kernels_take(const LayerArgs& a) const;
-  // This communicator as the composed boundaries' group (it is made by std::make_shared).
-  GroupHandle handle() { return GroupHandle{ws_->rank(), ws_->world(), shared_from_this()}; }
 
   std::string group_;
   std::unique_ptr<SymmWorkspace> ws_;

@@ -2,7 +2,7 @@
 #pragma once
 // The symm transport as the rest of mhc_sp sees it: a CUDA transport over torch symmetric memory
 // (transport/symm/communicator.h), set up from Python by mhc_sp.distributed.init through
-// python/mhc_sp/_symm.py and the bindings below.
+// python/mhc_sp/transports/symm.py and the bindings below.
 
 #include <pybind11/pybind11.h>
 

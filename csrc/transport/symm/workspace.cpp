@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // One rank's symm workspace (transport/symm/workspace.h). The buffer comes from torch symmetric
-// memory at mhc_sp.distributed.init (python/mhc_sp/_symm.py), or, in the testing module, from
-// plain device memory of one GPU shared by simulated ranks.
+// memory at mhc_sp.distributed.init (python/mhc_sp/transports/symm.py), or, in the testing module,
+// from plain device memory of one GPU shared by simulated ranks.
 
 #include "transport/symm/workspace.h"
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The flags of ``mhc-sp-bench``, defined once and spelled as serving engines spell them
 (``-tp/--tensor-parallel-size``, ``--hidden-size``), with their value domains (the types of
-:mod:`mhc_sp.config.arg_types`, and the upper bounds :mod:`.checks` applies).
+:mod:`mhc_sp.engine.config.arg_types`, and the upper bounds :mod:`.checks` applies).
 
 A subcommand adds the flags it needs with the ``add_*`` functions below; a flag that sweeps takes
 a comma list (``-tp 2,4``, ``--tokens 1,16,256``). A value outside a flag's domain is an
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config.arg_types import int_in, int_list, non_negative_int, positive_int, word_list
+from ..engine.config.arg_types import int_in, int_list, non_negative_int, positive_int, word_list
 from ..profiling import PROFILERS  # the kinds of ``mhc_sp.profiling.profiled``
 
 #: One meaning and one default for every subcommand: untimed calls first, then timed samples.

@@ -16,7 +16,7 @@ import sys
 from datetime import timedelta
 from typing import Optional
 
-from ..config import EngineArgs, EngineConfig, arg_types
+from ..engine.config import EngineArgs, EngineConfig, arg_types
 from ..local_world import run_world
 from ..profiling import profiled
 from . import checks, flags, machine, report
@@ -209,7 +209,7 @@ def _worker(rank: int, world: int, init_method: Optional[str], args, engine: Eng
     import torch.distributed as dist
 
     from .. import distributed as msd
-    from ..runner import ModelRunner, init_parallel_groups
+    from ..engine.runner import ModelRunner, init_parallel_groups
 
     if args.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", rank))
@@ -333,7 +333,7 @@ def _checked(step, engine, groups, device, inputs: dict, reporting: bool) -> tup
     rank with tp=1 (:func:`_check`): (lines, code, diffs, drafts)."""
     import torch.distributed as dist
 
-    from ..model import RoutingTrace
+    from ..engine.model import RoutingTrace
 
     trace = RoutingTrace()
     out, drafts = step(routing=trace)
@@ -382,9 +382,9 @@ def _check(engine, groups, device, ids, next_ids, rows, out, drafts, recorded):
     so what is compared is the arithmetic of each step, not near-tie choices."""
     import dataclasses
 
-    from ..config import ParallelConfig, PassConfig
-    from ..model import RoutingTrace, TPContext
-    from ..runner import ModelRunner, ParallelGroups, logits_tolerance
+    from ..engine.config import ParallelConfig, PassConfig
+    from ..engine.model import RoutingTrace, TPContext
+    from ..engine.runner import ModelRunner, ParallelGroups, logits_tolerance
 
     one = ParallelGroups(TPContext(0, 1, groups.self_group), self_group=groups.self_group)
     # tp = 1 without the compile pass (the engine switches it off at tp = 1, with a warning).

@@ -20,7 +20,8 @@ import time
 import torch
 
 from .. import ops
-from ..config import MhcConfig, arg_types
+from ..config import MhcConfig
+from ..engine.config import arg_types
 from ..profiling import phase, profiled
 from ..testing import OPS, random_inputs
 from . import checks, flags, report

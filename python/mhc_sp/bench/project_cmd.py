@@ -29,7 +29,7 @@ from itertools import combinations
 
 import torch
 
-from ..config import EngineArgs, arg_types
+from ..engine.config import EngineArgs, arg_types
 from . import checks, flags, report
 from .report import fmt_number
 

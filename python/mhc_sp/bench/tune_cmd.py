@@ -40,7 +40,7 @@ import textwrap
 
 import torch
 
-from ..config import EngineArgs
+from ..engine.config import EngineArgs
 from . import checks, decide, flags, machine, report
 from .boundary import boundary_case, check_ranks
 from .timing import Sampling, median_interval, paired_ratios, run_ranks, slowest_rank, spread
