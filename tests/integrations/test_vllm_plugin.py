@@ -101,7 +101,7 @@ ASK = {"mhc_sp": {"sp_threshold": 32}}
 
 def test_on_says_threshold_and_transport():
     d = decide({"mhc_sp": {"sp_threshold": 32, "transport": "shm"}}, ON)
-    assert d.on and d.options == Options(32, "shm", None)
+    assert d.on and not d.refused and d.options == Options(32, "shm", None)
     assert "sp_threshold=32" in d.message and "transport=shm" in d.message
     assert "\n" not in d.message
 
@@ -122,6 +122,7 @@ def test_what_it_cannot_serve_is_refused_in_one_line_and_vllm_left_alone(change,
     facts = EngineFacts(**{**ON.__dict__, **change})
     d = decide(ASK, facts)
     assert not d.on
+    assert d.refused is (change != dict(tensor_parallel_size=1))  # tp = 1 is no refusal
     assert words in d.message and "vLLM's own model runs unchanged" in d.message
     assert d.message.startswith("mhc_sp: ") and "\n" not in d.message
 

@@ -104,7 +104,7 @@ class MhcSpDeepseekV4ForCausalLM(_VllmDeepseekV4ForCausalLM):
             return super().__new__(cls)
         decision = decide(vllm_config.additional_config, engine_facts(vllm_config))
         if decision.message is not None:
-            _say(decision.message, logging.INFO if decision.on else logging.WARNING)
+            _say(decision.message, logging.WARNING if decision.refused else logging.INFO)
         if not decision.on:
             return _VllmDeepseekV4ForCausalLM(vllm_config=vllm_config, prefix=prefix, **kwargs)
         return super().__new__(cls)

@@ -156,11 +156,13 @@ class EngineFacts:
 @dataclass(frozen=True)
 class Decision:
     """What the plugin does for one engine: ``on`` with its ``options``, or off; ``message`` is
-    the one line it logs (None: nothing to say, the plugin was not asked for)."""
+    the one line it logs (None: nothing to say, the plugin was not asked for), as a warning when
+    ``refused`` (asked for what it cannot serve yet), else as information."""
 
     on: bool
     options: Optional[Options]
     message: Optional[str]
+    refused: bool = False
 
 
 def decide(additional_config: Any, facts: EngineFacts) -> Decision:
@@ -172,7 +174,9 @@ def decide(additional_config: Any, facts: EngineFacts) -> Decision:
         return Decision(False, None, None)
 
     def off(why: str) -> Decision:
-        return Decision(False, options, f"mhc_sp: {why}; vLLM's own model runs unchanged")
+        return Decision(
+            False, options, f"mhc_sp: {why}; vLLM's own model runs unchanged", refused=True
+        )
 
     if release(facts.vllm_version) not in TESTED_VLLM_VERSIONS:
         return off(
