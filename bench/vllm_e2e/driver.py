@@ -71,7 +71,7 @@ TOP_LOGPROBS = 5
 #: Prefill step timings: token counts, and repeats of each (after one warm-up round).
 STEP_TOKENS = (16, 64, 256, 1024)
 REPEATS = 7
-PROFILE_TOKENS = (16, 256, 1024)
+PROFILE_TOKENS = STEP_TOKENS
 PROFILE_REPEATS = 3
 #: Two runs' logprobs of one token may differ by this much: bf16 noise through the layers. On this
 #: checkpoint vLLM's own model at tp = 1 and at tp = 2 differ by up to 0.12 (the boundaries' fp32
@@ -639,6 +639,17 @@ def main_run(args) -> int:
             "ratio_most_rank": a["most_rank_ms"] / b["most_rank_ms"] if b["most_rank_ms"] else None,
         }
 
+    # The goals (benchmarks, not checks): at tp = 2, for prefills of at least the threshold, the
+    # plugin's step faster than vLLM's and its boundaries at least twice as fast as vLLM's chain.
+    goals = {
+        "step_faster_at": {T: s["speedup"] > 1 for T, s in steps.items() if int(T) >= THRESHOLD},
+        "boundaries_2x_at": {
+            T: b["ratio"] is not None and b["ratio"] >= 2
+            for T, b in boundaries.items()
+            if int(T) >= THRESHOLD
+        },
+    }
+
     import vllm
 
     import mhc_sp
@@ -669,8 +680,18 @@ def main_run(args) -> int:
             "mhc_sp_tp1 (vLLM's own at tp=1)": tokens_tp1,
         },
         "sp_counts": counts,
+        "prefill_step_measure": (
+            "wall time of LLM.generate of one greedy token from a fresh prompt of T tokens (no "
+            f"prefix cache), {REPEATS} repeats after one warm-up round, the T interleaved"
+        ),
         "prefill_step": steps,
+        "boundary_profile_measure": (
+            "torch.profiler (vLLM's, in each worker), "
+            f"{PROFILE_REPEATS} profiled prefills per T: the boundary ops' summed time per "
+            "prefill, median over the prefills per rank; least_rank_ms: the rank with the least"
+        ),
         "boundary_profile": boundaries,
+        "goals": goals,
         "failures": failures,
         "wall_s": time.perf_counter() - started,
     }
@@ -706,6 +727,7 @@ def print_summary(r: dict, log) -> None:
             f"{s['mhc_sp']['median_ms']:8.1f} ms [{s['mhc_sp']['q1_ms']:.1f}, "
             f"{s['mhc_sp']['q3_ms']:.1f}]  x{s['speedup']:.2f}"
         )
+    log(f"goals (tp=2, prefills >= {r['sp_threshold']} tokens): {r['goals']}")
     for T, b in r["boundary_profile"].items():
         ratio = "n/a" if b["ratio"] is None else f"x{b['ratio']:.2f}"
         log(

@@ -196,8 +196,9 @@ def decide(additional_config: Any, facts: EngineFacts) -> Decision:
         return off("speculative decoding (MTP/EAGLE draft models) is not supported yet")
     if not facts.enforce_eager:
         return off(
-            "vLLM's compiled mode is not supported yet: DeepseekV4Model's compiled forward does "
-            "not take the fused boundaries (run with enforce_eager=True / --enforce-eager)"
+            "vLLM's compiled mode is not supported yet (its one trace for every token count "
+            "would freeze the per-forward sharded decision); run with enforce_eager=True / "
+            "--enforce-eager"
         )
     if facts.tensor_parallel_size <= 1:
         return Decision(
