@@ -41,8 +41,9 @@ cleanup() {
     [ -n "$pg" ] && kill -KILL -- "-$pg" 2>/dev/null || :
   done <"$pgids"
   [ -n "${driver_pid:-}" ] && kill -KILL -- "-$driver_pid" 2>/dev/null || :
-  # Segments this run made (not there before it) that no process uses any more.
-  for f in /dev/shm/vllm_dist_* /dev/shm/mhc_sp_*; do
+  # Segments this run made (not there before it) that no process uses any more: vLLM's CPU
+  # communicator's, its message queues' (Python's psm_*), multiprocessing's semaphores, mhc_sp's.
+  for f in /dev/shm/vllm_dist_* /dev/shm/psm_* /dev/shm/sem.mp-* /dev/shm/mhc_sp_*; do
     [ -e "$f" ] || continue
     name=${f##*/}
     grep -qxF "$name" "$shm_before" && continue

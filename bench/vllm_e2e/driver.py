@@ -18,7 +18,8 @@ profiler. ``run`` then checks, and exits 1 when any check fails:
 * SP: on each rank the plugin's prefill forward of a prompt at or above the threshold ran every
   boundary sharded, one below it every boundary replicated, and so did every decode step;
 * the plugin at tp = 1 logged that it changes nothing and counted no boundary; its tokens and
-  logprobs (vLLM's own model at tp = 1) agree with vLLM's tp = 2 by the same rules.
+  logprobs (vLLM's own model at tp = 1) agree with vLLM's tp = 2 by the same rules;
+* a fourth engine, asked for ``sp_threshold: 0``, does not start, and its log names the option.
 
 It records, beside those numbers, the prefill step times (medians with their spread, both engines
 of the same run) and, from the profiles, the boundary time per prefill: mhc_sp's ``fused_*`` ops
@@ -311,8 +312,13 @@ def engine_main(spec: dict) -> None:
             result["profiles"][str(T)].append(sorted(after - before))
     result["total_s"] = time.perf_counter() - t0
     Path(spec["out"]).write_text(json.dumps(result) + "\n")
-    # Leave at once: vLLM's own shutdown of an mp engine can take long; the driver reaps the
-    # process group.
+    # vLLM's shutdown of the engine core and its workers (which frees their shared memory), then
+    # leave at once: the driver reaps whatever of the process group is left.
+    try:
+        with _limit(60, f"{spec['name']}: shutdown"):
+            llm.llm_engine.engine_core.shutdown(timeout=30)
+    except Exception as e:  # the driver's cleanup still runs
+        print(f"vllm_e2e: {spec['name']}: shutdown: {e}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -321,9 +327,12 @@ def engine_main(spec: dict) -> None:
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def run_engine(name, tp, additional_config, work: Path, checkpoint: Path, log) -> dict:
+def run_engine(
+    name, tp, additional_config, work: Path, checkpoint: Path, log, refused: str | None = None
+) -> dict:
     """Start ``driver.py engine`` for one configuration in its own process group, wait for it
-    (at most ENGINE_TIMEOUT), then kill whatever of its group is left."""
+    (at most ENGINE_TIMEOUT), then kill whatever of its group is left. ``refused``: the engine
+    must fail to start, with this line in its log (returns the lines that carry it)."""
     spec = dict(
         name=name,
         tp=tp,
@@ -370,6 +379,11 @@ def run_engine(name, tp, additional_config, work: Path, checkpoint: Path, log) -
             rc = None
         finally:
             kill_group(proc.pid)
+    if refused is not None:
+        lines = (work / f"{name}.log").read_text(errors="replace").splitlines()
+        found = [line for line in lines if refused in line]
+        log(f"{name}: exit status {rc}, the refusal logged {len(found)} times")
+        return {"name": name, "exit_status": rc, "refusal_lines": found[:4]}
     if rc != 0:
         tail = (work / f"{name}.log").read_text(errors="replace").splitlines()[-25:]
         why = "timed out" if rc is None else f"exit status {rc}"
@@ -600,6 +614,11 @@ def main_run(args) -> int:
     vllm_tp2 = run_engine("vllm_tp2", 2, None, work, checkpoint, log)
     plugin_tp2 = run_engine("mhc_sp_tp2", 2, options, work, checkpoint, log)
     plugin_tp1 = run_engine("mhc_sp_tp1", 1, options, work, checkpoint, log)
+    # A bad option stops the start with one line naming it.
+    refusal_line = "additional_config.mhc_sp.sp_threshold: expected a positive integer, got 0"
+    refusal = run_engine(
+        "bad_option", 1, {"mhc_sp": {"sp_threshold": 0}}, work, checkpoint, log, refusal_line
+    )
 
     failures = []
     tokens_tp2 = compare(vllm_tp2, plugin_tp2)
@@ -614,6 +633,9 @@ def main_run(args) -> int:
         failures.append("tp=1: the plugin did not log that it changes nothing")
     if any(any(f for f in p["forwards"]) for p in plugin_tp1["prompts"]):
         failures.append("tp=1: the plugin counted boundaries (it should change nothing)")
+
+    if refusal["exit_status"] == 0 or not refusal["refusal_lines"]:
+        failures.append(f"a bad option was not refused with {refusal_line!r}")
 
     steps = {}
     for T in STEP_TOKENS:
@@ -680,6 +702,7 @@ def main_run(args) -> int:
             "mhc_sp_tp1 (vLLM's own at tp=1)": tokens_tp1,
         },
         "sp_counts": counts,
+        "bad_option_refusal": refusal,
         "prefill_step_measure": (
             "wall time of LLM.generate of one greedy token from a fresh prompt of T tokens (no "
             f"prefix cache), {REPEATS} repeats after one warm-up round, the T interleaved"
