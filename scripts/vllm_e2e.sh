@@ -7,8 +7,9 @@
 # bench/results/vllm_e2e.json (VLLM_E2E_JSON). Exits non-zero on any mismatch.
 #
 # Bounded: the driver limits every engine start and call; every process it starts runs in a
-# process group this script kills on exit, however it ends, and the shared-memory segments the
-# run left behind (vLLM's and mhc_sp's) are removed.
+# process group this script kills on exit (EXIT, INT, TERM, HUP), and the shared-memory segments
+# the run left behind (vLLM's and mhc_sp's) are removed. Should the script itself be SIGKILLed,
+# the driver (which follows its parent's death) still ends the engine it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -368,7 +368,9 @@ def run_engine(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
+        _current_group[:] = [proc.pid]
         pgids = os.environ.get("MHC_SP_E2E_PGIDS")
         if pgids:
             with open(pgids, "a") as f:
@@ -379,6 +381,7 @@ def run_engine(
             rc = None
         finally:
             kill_group(proc.pid)
+            _current_group.clear()
     if refused is not None:
         lines = (work / f"{name}.log").read_text(errors="replace").splitlines()
         found = [line for line in lines if refused in line]
@@ -396,6 +399,28 @@ def run_engine(
     ]
     log(f"{name}: engine start {result['start_s']:.1f} s, all {result['total_s']:.1f} s")
     return result
+
+
+#: prctl's option for "the signal this process gets when its parent dies" (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+#: The engine process group running now (killed when the driver is told to stop).
+_current_group: list[int] = []
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to this process when its parent dies, however it dies (SIGKILL included)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop(signum, frame) -> None:
+    for pgid in _current_group:
+        kill_group(pgid)
+    raise SystemExit(128 + signum)
 
 
 def kill_group(pgid: int) -> None:
@@ -602,6 +627,10 @@ def spread(values: list[float]) -> dict:
 
 def main_run(args) -> int:
     started = time.perf_counter()
+    # Stopped (or orphaned: the script that started it died), the driver ends the engine it runs.
+    _die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _stop)
 
     def log(msg):
         print(f"vllm_e2e: {msg}", flush=True)
