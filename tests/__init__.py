@@ -13,6 +13,6 @@ they import the same modules by the same names."""
 #: kernels on CPU), transport (collectives, the fused SP ops, shm, gloo and symm host logic,
 #: faults, separate hosts, worlds of 8), model (model, runner, plan, configuration), cli
 #: (mhc-sp-bench, tune, NVTX profiling), repo (README, docs, lint, repository promises), cuda
-#: (everything that needs a GPU or reads the CUDA build) and emulated (the CUDA device code run on
-#: the host, mhc_sp._emulated).
-SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated")
+#: (everything that needs a GPU or reads the CUDA build), emulated (the CUDA device code run on
+#: the host, mhc_sp._emulated) and integrations (the engine plugins, without the engines).
+SUBJECTS = ("ops", "transport", "model", "cli", "repo", "cuda", "emulated", "integrations")
