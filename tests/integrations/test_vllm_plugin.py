@@ -28,7 +28,7 @@ from mhc_sp.integrations.vllm.options import (
     parse_options,
 )
 from mhc_sp.local_world import run_world
-from mhc_sp.runner import plan
+from mhc_sp.engine.runner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ON = EngineFacts(vllm_version="0.32.0", platform="cpu", tensor_parallel_size=2)

@@ -68,11 +68,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MHC_SP_HOST_DEVICE __host__ __device__
-#else
-#define MHC_SP_HOST_DEVICE
-#endif
+#include "mhc_sp/detail/shard.h"  // shard_rows, shard_valid_rows; MHC_SP_HOST_DEVICE
 
 namespace mhc_sp::boundary {
 
@@ -145,17 +141,9 @@ struct alignas(kAlign) CallHeader {
 
 MHC_SP_HOST_DEVICE constexpr int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-// ceil(tokens / world): the rows of each rank's token shard.
-MHC_SP_HOST_DEVICE constexpr int64_t shard_rows(int64_t tokens, int64_t world) {
-  return (tokens + world - 1) / world;
-}
-
-// Real (non-padding) rows of `rank`'s shard of `tokens` rows.
-MHC_SP_HOST_DEVICE constexpr int64_t shard_valid_rows(int64_t tokens, int64_t world, int64_t rank) {
-  const int64_t shard = shard_rows(tokens, world);
-  const int64_t left = tokens - rank * shard;
-  return left <= 0 ? 0 : (left < shard ? left : shard);
-}
+// The token shards (mhc_sp/detail/shard.h).
+using mhc_sp::shard_rows;
+using mhc_sp::shard_valid_rows;
 
 MHC_SP_HOST_DEVICE constexpr int64_t control_offset() { return kPage; }
 

@@ -128,7 +128,7 @@ def is_sharded(num_tokens: int, tp_size: int, sp_threshold: Optional[int]) -> bo
     """The seed's decision for one forward (docs/design.md §3): sharded exactly when SP is on
     (a threshold and tp > 1), ``num_tokens >= sp_threshold`` and ``num_tokens >= tp_size``. Every
     rank calls it with the same arguments, once per forward, and every boundary of that forward
-    uses the answer. (The same predicate as ``mhc_sp.runner.plan.is_sharded``.)"""
+    uses the answer. (The same predicate as ``mhc_sp.engine.runner.plan.is_sharded``.)"""
     if sp_threshold is None or tp_size <= 1:
         return False
     return num_tokens >= sp_threshold and num_tokens >= tp_size
