@@ -10,8 +10,9 @@ copy of the emulated module, and runs the tests that should kill it:
 * judge "tsan": the same tests on the ThreadSanitizer build of scripts/sanitize.sh (killed = a test
   fails or ThreadSanitizer reports), for memory-order bugs that a correct schedule cannot show.
 
-The source tree and the build folders are left as they were (the mutated file is restored with its
-modification time, objects and the module go to a scratch folder). One table comes out:
+The source tree and the build folders are never written: each bug is planted in a scratch copy of
+csrc/, compiled from there, and the objects and the module go to the scratch folder too. One table
+comes out:
 
     .venv/bin/python scripts/mutants.py                 # every mutant -> bench/results/mutants.json
     .venv/bin/python scripts/mutants.py --list          # the table of mutants, nothing run
@@ -409,13 +410,16 @@ class Build:
             raise SystemExit(f"mutants: no object {name} in the link of {self.build}")
         return hits[0]
 
-    def compile(self, unit: str) -> tuple[str, str]:
+    def compile(self, unit: str, sources: Path) -> tuple[str, str]:
+        """Compiles `unit` as the build does, from the copy of csrc/ at `sources`."""
         obj = self.object_of(unit)
         command = ninja_commands(self.build, obj)[-1]
         mine = str(self.scratch / (unit + ".o"))
-        # The object goes to the scratch folder; no dependency file (-MD -MF path -MT target).
+        csrc = str(ROOT / "csrc")
+        # The object goes to the scratch folder; no dependency file (-MD -MF path -MT target);
+        # every path into csrc/ (sources, include folders) points into the copy.
         cleaned, skip = [], False
-        for a in command_of(command):
+        for a in (x.replace(csrc, str(sources)) for x in command_of(command)):
             if skip:
                 skip = False
                 continue
@@ -440,22 +444,20 @@ class Build:
         shutil.copy2(out, self.target)
 
 
-def plant(m: Mutant) -> tuple[Path, str, os.stat_result]:
-    path = ROOT / "csrc" / m.path
+def plant(m: Mutant, sources: Path) -> Path:
+    """A copy of csrc/ with the mutant planted (the tree itself is never touched, so a build that
+    runs meanwhile compiles the real sources)."""
+    shutil.rmtree(sources, ignore_errors=True)
+    shutil.copytree(ROOT / "csrc", sources)
+    path = sources / m.path
     text = path.read_text()
     count = text.count(m.old)
     if count != 1:
         raise SystemExit(
-            f"mutants: {m.name!r}: the text to change occurs {count} times in {m.path}"
+            f"mutants: {m.name!r}: the text to change occurs {count} times in csrc/{m.path}"
         )
-    stat = path.stat()
     path.write_text(text.replace(m.old, m.new))
-    return path, text, stat
-
-
-def restore(path: Path, text: str, stat: os.stat_result) -> None:
-    path.write_text(text)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the build folders see no change
+    return sources
 
 
 def run_tests(m: Mutant, b: Build, logs: Path, timeout: float) -> tuple[str, str]:
@@ -540,7 +542,7 @@ def main() -> int:
     if not chosen:
         print("mutants: no mutant matches", file=sys.stderr)
         return 2
-    # A stop (Ctrl-C, a timeout's SIGTERM) still restores the mutated file (the finally below).
+    # A stop (Ctrl-C, a timeout's SIGTERM) still removes the scratch folder.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("mutants: stopped by SIGTERM"))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mhc_sp_mutants_") as tmp:
@@ -563,11 +565,10 @@ def main() -> int:
                 )
                 print(f"{'not run':9s} {m.name}", flush=True)
                 continue
-            path, text, stat = plant(m)
+            sources = plant(m, Path(tmp) / "csrc")
             try:
-                replaced = dict(b.compile(u) for u in m.units)
+                replaced = dict(b.compile(u, sources) for u in m.units)
             except subprocess.CalledProcessError as e:
-                restore(path, text, stat)
                 rows.append(
                     {
                         **row_of(m),
@@ -576,9 +577,6 @@ def main() -> int:
                     }
                 )
                 continue
-            finally:
-                if path.read_text() != text:
-                    restore(path, text, stat)
             b.relink(replaced)
             result, evidence = run_tests(m, b, Path(tmp) / "logs", a.timeout)
             rows.append(

@@ -10,8 +10,8 @@
 #                                              injected faults) and the emulated device's tests
 #   MHC_SP_SANITIZE=thread bash scripts/sanitize.sh [OUT]
 #                                              ThreadSanitizer: the emulated symm tests (the
-#                                              barrier exchange, the Lamport mailbox, ranks a call
-#                                              ahead, PDL, the failure paths) and the math ops'
+#                                              barrier exchange, the Lamport mailbox, the failure
+#                                              paths) and the math ops'
 #                                              cross-block paths (split-K partials, the fused
 #                                              decode's last block), every atomic at the order the
 #                                              device code writes (docs/emulation.md); CI runs it
@@ -40,16 +40,15 @@ if [ "$MHC_SP_SANITIZE" = thread ]; then
   # ignore_noninstrumented_modules: torch's and the interpreter's own threads are not this code's.
   export TSAN_OPTIONS="log_path=$PWD/$LOGS/tsan:ignore_noninstrumented_modules=1:report_signal_unsafe=0:second_deadlock_stack=1"
   # ThreadSanitizer tracks every emulated thread (fiber) as a thread, which costs: the two-rank
-  # cases of the barrier exchange, the Lamport mailbox (every mailbox reused), the run-ahead
-  # sequences of both paths and of the one-barrier collectives, PDL, the call order and the
-  # failure paths; of the math ops, the shapes whose blocks hand partial sums to another block
-  # (the fused decode's last block, split-K over many chunks). Not the tp 3-8 sweeps.
-  TESTS=(tests/emulated/test_emulated_symm.py tests/emulated/test_emulated_run_ahead.py
-    tests/emulated/test_emulated_ops.py)
+  # cases of the barrier exchange and the Lamport mailbox (fifteen calls in a row: every mailbox
+  # and half reused), the call order and the failure paths; of the math ops, the shapes whose
+  # blocks hand partial sums to another block (the fused decode's last block, split-K over many
+  # chunks). Not the tp 3-8 sweeps (CI's budget), nor the run-ahead tests, whose assertion that a
+  # rank got ahead depends on the host's timing, which ThreadSanitizer's slowness changes.
+  TESTS=(tests/emulated/test_emulated_symm.py tests/emulated/test_emulated_ops.py)
   SELECT="(in_a_row and 2) or take_the_kernels or (collectives and 2) or mismatch or plans"
-  SELECT="$SELECT or broken or every_symm_call or two_host_threads or lamport_mailbox"
-  SELECT="$SELECT or alternate_halves or one_barrier or starts_beside"
-  SELECT="$SELECT or (matches_reference and (decode or split))"
+  SELECT="$SELECT or broken or every_symm_call or two_host_threads"
+  SELECT="$SELECT or (matches_reference and ((mhc_post_pre and decode) or (mhc_pre and split)))"
   export PRELOAD="$(gcc -print-file-name=libtsan.so) $(gcc -print-file-name=libstdc++.so)"
 else
   # detect_leaks=0: the interpreter and torch keep memory until exit by design; the rest stays on.

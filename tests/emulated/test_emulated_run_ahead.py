@@ -132,7 +132,7 @@ def calls_ahead(w):
     return ahead
 
 
-def run_ahead(tp, steps, pauses_us, tries=3):
+def run_ahead(tp, steps, pauses_us, tries=5):
     """Runs the sequence on a fresh world until some rank got a call ahead of a peer (how far
     ranks drift depends on the host's timing: up to `tries` runs, each checked bitwise)."""
     for _ in range(tries):

@@ -18,6 +18,7 @@ import torch
 
 import mhc_sp.integrations.vllm as plugin
 from mhc_sp.config import MhcConfig
+from mhc_sp.engine.runner import plan
 from mhc_sp.integrations.vllm import options as opts
 from mhc_sp.integrations.vllm.options import (
     EngineFacts,
@@ -28,7 +29,6 @@ from mhc_sp.integrations.vllm.options import (
     parse_options,
 )
 from mhc_sp.local_world import run_world
-from mhc_sp.engine.runner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ON = EngineFacts(vllm_version="0.32.0", platform="cpu", tensor_parallel_size=2)

@@ -2,8 +2,8 @@
 """The op schemas of csrc/registration.cpp against everything that restates them: the schemas
 written out in docs/design.md §2 and in the built extension, the wrappers of mhc_sp.ops (their
 parameters and the order they pass them in), the fakes of mhc_sp._fake, the entries of
-mhc_sp.testing.OPS and the names the emulated device's World reads its ranks' calls by. An argument renamed, moved, added or given a default in one place and not in
-the others fails here."""
+mhc_sp.testing.OPS and the names the emulated device's World reads its ranks' calls by. An
+argument renamed, moved, added or given a default in one place and not in the others fails here."""
 
 import ast
 import inspect
