@@ -4,6 +4,7 @@
 of the production op, and the check of every rank's outputs, bitwise against the emulated math
 ops over the fp32 rank-order sum of the partials (mhc_sp.reference.sum_partials)."""
 
+import pytest
 import torch
 
 from mhc_sp import _C
@@ -23,6 +24,19 @@ N = 4  # hc_mult: V4's
 H = 96  # three 32-wide chunks of the projection: several split-K blocks per token tile
 CFG = MhcConfig()
 C = _C.symm_constants()
+
+
+def emulated_device(**config):
+    """An autouse fixture that configures the emulated devices for a module's tests
+    (mhc_sp._emulated.configure) and puts the defaults back after each."""
+
+    @pytest.fixture(autouse=True)
+    def device():
+        E.configure(**config)
+        yield
+        E.configure()
+
+    return device
 
 
 def world(tp, timeout=10.0, devices=()):

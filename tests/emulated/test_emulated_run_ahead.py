@@ -17,16 +17,20 @@ import torch
 
 from mhc_sp import reference as R
 from mhc_sp.testing import EMULATED_MODULE_MISSING, assert_bitwise
-from tests.emulated.symm_world import Boundary, E, H, no_errors, outputs, world
+from tests.emulated.symm_world import (
+    Boundary,
+    E,
+    H,
+    emulated_device,
+    no_errors,
+    outputs,
+    world,
+)
 
 pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
 
 
-@pytest.fixture(autouse=True)
-def device():
-    E.configure(sms=4, blocks_per_sm=2, seed=11)
-    yield
-    E.configure()
+device = emulated_device(sms=4, blocks_per_sm=2, seed=11)
 
 
 class AllReduce:

@@ -26,6 +26,7 @@ from tests.emulated.symm_world import (
     H,
     N,
     all_nan,
+    emulated_device,
     no_errors,
     outputs,
     token_counts,
@@ -35,11 +36,7 @@ from tests.emulated.symm_world import (
 pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
 
 
-@pytest.fixture(autouse=True)
-def device():
-    E.configure(sms=4, blocks_per_sm=2, seed=5)
-    yield
-    E.configure()
+device = emulated_device(sms=4, blocks_per_sm=2, seed=5)
 
 
 @pytest.mark.parametrize("tp", [2, 3, 4, 8])

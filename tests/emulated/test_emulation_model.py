@@ -8,16 +8,13 @@ import pytest
 import torch
 
 from mhc_sp.testing import EMULATED_MODULE_MISSING, load_emulated_module
+from tests.emulated.symm_world import emulated_device
 
 E = load_emulated_module()
 pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
 
 
-@pytest.fixture(autouse=True)
-def device():
-    E.configure(sms=2, blocks_per_sm=2, seed=3)
-    yield
-    E.configure()
+device = emulated_device(sms=2, blocks_per_sm=2, seed=3)
 
 
 @pytest.mark.parametrize("lane_mask", [1, 2, 16, 31])
