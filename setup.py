@@ -146,6 +146,41 @@ def _nvtx_include():
     return None
 
 
+def _runtime_libstdcxx():
+    """The shared libstdc++ this Python process runs with (the one torch loaded), from
+    /proc/self/maps; "" when none is mapped (not Linux, or a statically linked C++ runtime). The
+    modules must use that one library: CMakeLists.txt links it by path when the compiler has no
+    shared libstdc++ of its own."""
+    import torch  # noqa: F401  (maps the C++ runtime torch was built against)
+
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in maps:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if Path(path).name.startswith("libstdc++.so"):
+            return path
+    return ""
+
+
+def _check_shared_libstdcxx(modules):
+    """Every built C++ module needs the shared libstdc++ (CMakeLists.txt says why); a compiler
+    configured to link it statically is refused here, before a module crashes at its first error
+    message. Checked with readelf where it is installed."""
+    readelf = shutil.which("readelf")
+    for module in modules:
+        if readelf is None or not module.is_file():
+            continue
+        dynamic = subprocess.run([readelf, "-d", str(module)], capture_output=True, text=True)
+        if "libstdc++.so" not in dynamic.stdout:
+            raise SetupError(
+                f"{module.name}: linked without the shared libstdc++ (readelf -d lists no "
+                "libstdc++.so): the compiler linked a private copy of the C++ runtime. Build with "
+                "a compiler that links libstdc++ as a shared library."
+            )
+
+
 def _testing():
     """Whether MHC_SP_TESTING asks for the testing module."""
     mode = os.environ.get("MHC_SP_TESTING", "0")
@@ -265,6 +300,7 @@ class CMakeBuild(build_ext):
             f"-DMHC_SP_TORCH_LIB={torch_lib}",
             f"-DMHC_SP_TORCH_VERSION={torch.__version__}",
             f"-DMHC_SP_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-DMHC_SP_RUNTIME_LIBSTDCXX={_runtime_libstdcxx()}",
             f"-DCMAKE_BUILD_TYPE={'Debug' if os.environ.get('MHC_SP_DEBUG') == '1' else 'Release'}",
             "-G",
             "Ninja",
@@ -306,6 +342,8 @@ class CMakeBuild(build_ext):
         cmake = _tool("cmake", "cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         subprocess.check_call([cmake, "--build", str(build_dir)], env=env)
+        cxx_modules = [out_path.name, *self._beside(out_path)[1:]]  # the recorder is C
+        _check_shared_libstdcxx([out_path.with_name(n) for n in cxx_modules])
         if not _testing():  # test-only modules left by an earlier build of this folder
             for name in self._beside(out_path)[1:]:
                 out_path.with_name(name).unlink(missing_ok=True)
