@@ -265,8 +265,10 @@ void bind(py::module_& m) {
       "are scheduled (mixed: each block draws random, warp_ahead, warp_behind or in_order), the "
       "shared-memory racecheck, and the random delays at stores, polls and calls.");
   m.def("configure_device", &configure_device, py::arg("device"), py::arg("sms"),
-        py::arg("blocks_per_sm"),
-        "Gives one emulated device another size (until the next configure()).");
+        py::arg("blocks_per_sm"), py::arg("lag_us") = 0,
+        "Gives one emulated device another size (until the next configure()); lag_us > 0 makes "
+        "it a lagging rank: each block stalls that long once it is through its first cross-rank "
+        "barrier (after the arrival and the polls), so its peers run into their next call.");
   m.def("config", [] {
     const DeviceConfig c = config();
     py::dict d;

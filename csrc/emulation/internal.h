@@ -50,6 +50,7 @@ struct Launch {
   Schedule schedule = Schedule::kMixed;
   bool racecheck = true;
   bool delays = true;
+  int lag_us = 0;  // the device's lag (configure_device)
   uint64_t deadline_ns = 0;
 
   std::atomic<bool> aborted{false};
@@ -150,6 +151,8 @@ struct Block {
   Rng rng{1};
   uint64_t generation = 0;  // a number no other block run on this OS thread had (racecheck)
   int post_trigger_sleeps = 0;
+  // A lagging device's block: it made a release store to system memory, and it has stalled.
+  bool released_system = false, lagged = false;
   // The scheduler's queues: ready threads per warp, the warps that have some, and the threads
   // whose last run ended in a poll.
   std::vector<std::vector<int>> ready_by_warp;

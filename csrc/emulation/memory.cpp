@@ -303,26 +303,27 @@ using detail::abandon;
 using detail::current_fiber;
 using detail::Fiber;
 
-void add_system_memory(const void* p, size_t bytes, const std::string& name) {
+namespace {
+
+// The ranges without the one starting at p, plus [p, p + bytes) when bytes > 0, published anew.
+void replace_system_memory(const void* p, size_t bytes, const std::string& name) {
   const std::lock_guard<std::mutex> lock(detail::ranges_mutex);
   detail::Ranges next = *detail::ranges.load();
   const auto a = reinterpret_cast<uintptr_t>(p);
   next.erase(std::remove_if(next.begin(), next.end(),
                             [&](const detail::Range& r) { return r.begin == a; }),
              next.end());
-  next.push_back({a, a + bytes, name});
+  if (bytes > 0) next.push_back({a, a + bytes, name});
   detail::publish(std::move(next));
 }
 
-void remove_system_memory(const void* p) {
-  const std::lock_guard<std::mutex> lock(detail::ranges_mutex);
-  detail::Ranges next = *detail::ranges.load();
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  next.erase(std::remove_if(next.begin(), next.end(),
-                            [&](const detail::Range& r) { return r.begin == a; }),
-             next.end());
-  detail::publish(std::move(next));
+}  // namespace
+
+void add_system_memory(const void* p, size_t bytes, const std::string& name) {
+  replace_system_memory(p, bytes, name);
 }
+
+void remove_system_memory(const void* p) { replace_system_memory(p, 0, ""); }
 
 uint64_t mem_load(const void* p, int bytes, Sem sem, Scope scope, const Site& at, bool poll_first) {
   detail::check_size(p, bytes, at);
@@ -355,6 +356,9 @@ void mem_store(void* p, int bytes, uint64_t v, Sem sem, Scope scope, const Site&
   }
   const bool system = detail::system_memory_name(p, bytes) != nullptr;
   if (system) detail::system_store_delay();
+  if (system && sem == Sem::kRelease) {
+    if (detail::Block* b = detail::current_block(); b != nullptr) b->released_system = true;
+  }
   if (sem == Sem::kWeak) {
     std::memcpy(p, &v, bytes);
     return;

@@ -383,15 +383,20 @@ struct Operands {
   char* address(const Arg& a) const { return reinterpret_cast<char*>(get(a.regs[0], 8)) + a.value; }
 };
 
+// A vector access must be aligned to its whole size (the GPU raises a misaligned address error).
+char* aligned(const Instr& in, const Operands& o, char* p) {
+  if (reinterpret_cast<uintptr_t>(p) % (in.bytes * in.vec) != 0) {
+    abandon("a misaligned .v" + std::to_string(in.vec) + " access by '" + in.text + "' at " +
+            site(o.file, o.line));
+  }
+  return p;
+}
+
 void execute(const Instr& in, const Operands& o) {
   const Site at{o.file, o.line, in.text.c_str()};
   switch (in.op) {
     case Op::kLd: {
-      char* p = o.address(in.args[1]);
-      if (reinterpret_cast<uintptr_t>(p) % (in.bytes * in.vec) != 0) {
-        abandon("a misaligned .v" + std::to_string(in.vec) + " access by '" + in.text + "' at " +
-                site(o.file, o.line));
-      }
+      char* p = aligned(in, o, o.address(in.args[1]));
       const Arg& d = in.args[0];
       for (int k = 0; k < in.vec; ++k) {
         const int r = in.vec == 1 ? d.regs[0] : d.regs[k];
@@ -401,11 +406,7 @@ void execute(const Instr& in, const Operands& o) {
       break;
     }
     case Op::kSt: {
-      char* p = o.address(in.args[0]);
-      if (reinterpret_cast<uintptr_t>(p) % (in.bytes * in.vec) != 0) {
-        abandon("a misaligned .v" + std::to_string(in.vec) + " access by '" + in.text + "' at " +
-                site(o.file, o.line));
-      }
+      char* p = aligned(in, o, o.address(in.args[0]));
       const Arg& s = in.args[1];
       for (int k = 0; k < in.vec; ++k) {
         const uint64_t v = in.vec == 1 ? o.value(s, in.bytes) : o.get(s.regs[k], in.bytes);

@@ -233,6 +233,11 @@ void release_barrier(Block& b) {
   }
   b.bar_arrived = 0;
   ++b.barrier_epoch;
+  // A lagging device (configure_device): the barrier that completes a cross-rank barrier's polls.
+  if (b.launch->lag_us > 0 && b.released_system && !b.lagged) {
+    b.lagged = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(b.launch->lag_us));
+  }
 }
 
 // What every thread of a block that can no longer progress waits for, grouped by site.
@@ -348,6 +353,7 @@ void run_block(Launch& L, uint64_t index) {
   b.rng.s = mix(L.seed ^ mix(L.id * 0x9e3779b97f4a7c15ull + index + 1)) | 1;
   b.schedule = L.schedule;
   b.delays = L.delays;
+  b.released_system = b.lagged = false;
   if (b.schedule == Schedule::kMixed) {
     static constexpr Schedule kDrawn[] = {Schedule::kRandom, Schedule::kWarpAhead,
                                           Schedule::kWarpBehind, Schedule::kInOrder};

@@ -71,6 +71,7 @@ struct Device {
   std::mutex m;
   std::condition_variable cv;
   int sms = 0, blocks_per_sm = 0;  // this device's size (configure, configure_device)
+  int lag_us = 0;                  // a lagging rank's stall (configure_device)
   int free_slots = 0;              // resident-block slots left
   int free_dependent_slots = 0;    // a programmatic dependent's blocks sit beside its primary's
   int running_launches = 0;
@@ -259,6 +260,7 @@ std::string start_launch(int device, dim3 grid, dim3 block, bool cooperative, bo
   {
     const std::lock_guard<std::mutex> lock(d.m);
     L->id = d.launch_count++;
+    L->lag_us = d.lag_us;
     ++d.running_launches;
   }
   L->start_ns = now_ns();
@@ -374,22 +376,26 @@ void configure(const DeviceConfig& c) {
     TORCH_CHECK(d.running_launches == 0, "emulation: configure() while a kernel runs");
     d.sms = c.sms;
     d.blocks_per_sm = c.blocks_per_sm;
+    d.lag_us = 0;
     d.free_slots = d.free_dependent_slots = detail::capacity(d);
   }
   detail::device_config = c;
 }
 
-void configure_device(int device, int sms, int blocks_per_sm) {
+void configure_device(int device, int sms, int blocks_per_sm, int lag_us) {
   TORCH_CHECK_VALUE(device >= 0 && device < kMaxDevices, "device: expected [0, ", kMaxDevices,
                     "), got ", device);
   TORCH_CHECK_VALUE(sms >= 1 && sms <= 1024, "sms: expected a value in [1, 1024], got ", sms);
   TORCH_CHECK_VALUE(blocks_per_sm >= 1 && blocks_per_sm <= 32,
                     "blocks_per_sm: expected a value in [1, 32], got ", blocks_per_sm);
+  TORCH_CHECK_VALUE(lag_us >= 0 && lag_us <= 1000000,
+                    "lag_us: expected a value in [0, 1000000], got ", lag_us);
   auto& d = devices[device];
   const std::lock_guard<std::mutex> dl(d.m);
   TORCH_CHECK(d.running_launches == 0, "emulation: configure_device() while a kernel runs");
   d.sms = sms;
   d.blocks_per_sm = blocks_per_sm;
+  d.lag_us = lag_us;
   d.free_slots = d.free_dependent_slots = detail::capacity(d);
 }
 
@@ -437,25 +443,28 @@ std::string launch(int device, dim3 grid, dim3 block, bool cooperative, bool dep
 
 std::string synchronize(int device) { return detail::drain(devices[device]); }
 
-std::vector<LaunchRecord> launches() {
+namespace {
+
+// A copy of a log, or (reset) its emptying, under the logs' lock.
+template <class Record>
+std::vector<Record> log_of(std::vector<Record>& log, bool reset) {
   const std::lock_guard<std::mutex> lock(detail::log_mutex);
-  return detail::launch_log;
+  if (reset) {
+    log.clear();
+    return {};
+  }
+  return log;
 }
 
-void reset_launches() {
-  const std::lock_guard<std::mutex> lock(detail::log_mutex);
-  detail::launch_log.clear();
-}
+}  // namespace
 
-std::vector<EventRecord> events() {
-  const std::lock_guard<std::mutex> lock(detail::log_mutex);
-  return detail::event_log;
-}
+std::vector<LaunchRecord> launches() { return log_of(detail::launch_log, false); }
 
-void reset_events() {
-  const std::lock_guard<std::mutex> lock(detail::log_mutex);
-  detail::event_log.clear();
-}
+void reset_launches() { log_of(detail::launch_log, true); }
+
+std::vector<EventRecord> events() { return log_of(detail::event_log, false); }
+
+void reset_events() { log_of(detail::event_log, true); }
 
 // ---- capture ------------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ its own host thread with no join between calls (World.run_sequences), so a fast 
 k + 1 while a peer is still in call k, exactly the overlap the symm transport's two halves, three
 Lamport mailboxes, re-arming order and epochs exist for. The sequences mix the Lamport and the
 sharded boundaries, token counts, heads and collectives; one rank runs without pauses while the
-others pause (seeded) before their calls. Every output is checked bitwise, and each test asserts
+others pause (seeded) before their calls and lag (their devices stall once through a cross-rank
+barrier). Every output is checked bitwise, and each test asserts
 that the overlap it is about really happened (counted from the kernels' start and end times), not
 only that the results are right. Then programmatic dependent launch seen in the timeline, and a
 captured graph of calls replayed with new inputs (the device's call counters move on, the host
@@ -136,9 +137,21 @@ def calls_ahead(w):
     return ahead
 
 
-def run_ahead(tp, steps, pauses_us, tries=5):
-    """Runs the sequence on a fresh world until some rank got a call ahead of a peer (how far
-    ranks drift depends on the host's timing: up to `tries` runs, each checked bitwise)."""
+# How long a lagging rank's blocks stall once through a cross-rank barrier: far longer than a
+# fast rank takes to finish its call and launch the next on a loaded 2-core host.
+LAG_US = 20_000
+
+
+def run_ahead(tp, steps, pauses_us, tries=3):
+    """Runs the sequence on a fresh world in which every rank that pauses before its calls also
+    lags (its device stalls each block once it is through its first cross-rank barrier:
+    configure_device's lag_us), so that the rank that never pauses finishes its call and starts
+    the next while a lagging peer still reads this one. Each run is checked bitwise; up to `tries`
+    runs until the overlap is counted (the host's timing still decides how far ranks drift)."""
+    c = E.config()
+    for r, pause in enumerate(pauses_us):
+        if pause > 0:
+            E.configure_device(r, c["sms"], c["blocks_per_sm"], lag_us=LAG_US)
     for _ in range(tries):
         w = world(tp)
         E.reset_launches()

@@ -126,3 +126,17 @@ def test_a_programmatic_dependent_runs_beside_its_primary():
         # Reading before griddepcontrol.wait reads what the primary has not written yet.
         wrong_somewhere |= E.selftest_pdl(n, wait=False).tolist() != want
     assert wrong_somewhere
+
+
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        ({"sms": 0, "blocks_per_sm": 2}, "sms"),
+        ({"sms": 2, "blocks_per_sm": 33}, "blocks_per_sm"),
+        ({"sms": 2, "blocks_per_sm": 2, "lag_us": -1}, "lag_us"),
+        ({"sms": 2, "blocks_per_sm": 2, "lag_us": 2_000_000}, "lag_us"),
+    ],
+)
+def test_a_bad_device_size_or_lag_is_refused_naming_it(kwargs, argument):
+    with pytest.raises(ValueError, match=f"^{argument}: "):
+        E.configure_device(1, **kwargs)
