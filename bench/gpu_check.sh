@@ -10,7 +10,7 @@
 # The build runs first in every case (the other steps need it; on a machine that has built it
 # already it only checks that nothing changed, a few seconds).
 #
-# Phase 1, correctness (under 5 minutes on a cold H200 with 16 cores):
+# Phase 1, correctness (under 4 minutes on an H200 with 16 cores, as measured):
 #   build          the extension from source in place (sm_90a, the testing module included);
 #   build_info     what was built, the CUDA and NCCL versions;
 #   cubin_gate     tests/cuda/test_cubins.py: no local memory in the hot kernels, read from the
@@ -33,36 +33,26 @@
 #                  boundaries, each beside its roofline (bench/symm_harness.py);
 #   op_bench       mhc-sp-bench ops --device cuda at H = 7168 (% of the copy bandwidth).
 #
-# Phase 1 on a cold H200 with 16 cores, step by step: measured on a 2-core x86 machine without a
-# GPU, scaled by cores (cores of the same speed assumed), GPU work from the test counts;
-# bench/results/gpu_check_estimate.json has the measurements and their commands.
-#   step         estimate  limit  from
-#   build           95 s   200 s  setup.py and a fresh cmake configure (5 s), then the CUDA
-#                                 translation units (as CMakeLists.txt makes them; one
-#                                 architecture) and the C++ units on 16 cores, longest first: the
-#                                 longest unit bounds it (the symm launchers, 89 s on one core;
-#                                 the longest math op 52 s). The step records the run's own unit
-#                                 times (build_times.json) for the next estimate.
-#   build_info       4 s    30 s  python, torch and mhc_sp imports (3 s)
-#   cubin_gate       5 s    30 s  the whole step ran here: 4.8-5.1 s (cuobjdump 0.2 s a read)
-#   cuda_tests      70 s   150 s  pytest start-up (4.7 s) and CUDA start (~2 s); 225 tests: ~200
-#                                 small kernel checks against the reference on the GPU (~0.05 s
-#                                 each), opcheck (2.6 s, then ~0.15 s a call), a cold
-#                                 torch.compile (22 s on CPU), two spawned NCCL worlds of one
-#                                 (~8 s each: 3.6 s to spawn here, CUDA start, the cases)
-#   symm_sim        20 s    60 s  pytest start-up (4.4 s), CUDA start, 56 simulated-rank tests of
-#                                 milliseconds each (timeouts of 0.05 s)
-#   symm_world      65 s   150 s  four spawned two-rank worlds (~8 s to start each: 3.6 s to
-#                                 spawn here, CUDA start, symmetric-memory rendezvous); the first
-#                                 runs ~150 time-sliced boundary calls and CPU references (4 s
-#                                 here), then 3 s timeouts waited out and a rank 7 s late
-#   phase 1        259 s   620 s  (phase 2: memcheck ~60 s, a guess, limit 120 s; symm_timings
-#                                 and op_bench 30 s each, their own budgets 20 s and 18 s)
+# Phase 1 on an H200 with 16 cores, step by step, as measured (bench/results/gpu_check_h200.json:
+# build to cuda_tests from the first run; symm_sim and symm_world from the rerun after the
+# libstdc++ fix, the first run having failed them in seconds):
+#   step         measured limit  what it ran
+#   build          107 s   200 s  setup.py and a fresh cmake configure, 11 CUDA and 52 C++ units
+#                                 (one architecture): 1209 s of compiles on 16 cores; the longest
+#                                 units are the symm layer kernels (65 s) and the math ops (60 s)
+#   build_info       4 s    30 s  python, torch and mhc_sp imports
+#   cubin_gate       6 s    30 s  7 tests, cuobjdump on every built cubin
+#   cuda_tests      35 s   150 s  245 tests (239 passed, 6 NCCL worlds of two ranks skipped: one
+#                                 GPU), opcheck, torch.compile, the GPU against the emulated device
+#   symm_sim        10 s    60 s  57 simulated-rank tests
+#   symm_world      60 s   150 s  four spawned two-rank worlds on the one GPU
+#   phase 1        222 s   620 s  (phase 2 measured: memcheck 5 s, symm_timings 6 s, op_bench
+#                                 14 s, after a build that found nothing to do)
 #
-# What fits in 15 minutes of GPU time, the machine's start (1-3 minutes) included: phase 1 (about
-# 4.3 minutes), then phase 2 (3 minutes at its limits) and one rerun of the phase-1 steps that
-# failed (--only, on the machine that still has the build, which then takes seconds: up to about
-# 4 minutes). A second full run of both phases does not fit, nor a rerun on a fresh machine.
+# What fits in 15 minutes of GPU time (measured: a machine started in about 30 s and is given back
+# 30 s after a call, so a rerun is a fresh machine and a fresh build): phase 1 and phase 2 in one
+# call (250 s with the start), then two fresh calls of about 190 s each (build, then a diagnosis or
+# the rerun of the failed steps: --only). One H200 session used 733 s of its 900 s that way.
 #
 # Everything a run produces goes to $OUT (default bench/out), at most 8 files: gpu_check.log (all
 # output), summary.json (per step: status, seconds, limit, pytest counts, failed tests, skipped
