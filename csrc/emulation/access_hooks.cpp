@@ -82,6 +82,10 @@ MHC_SP_ACCESS_HOOKS(16)
 
 // The atomics of the instrumented code (std::atomic and __atomic built-ins in the shim's and
 // torch's inline code), as written.
+#define MHC_SP_ATOMIC_RMW(N, T, name, builtin)                          \
+  MHC_SP_HOOK T __tsan_atomic##N##_##name(volatile T* a, T v, int mo) { \
+    return builtin(a, v, order(mo));                                    \
+  }
 #define MHC_SP_ATOMIC_HOOKS(N, T)                                                              \
   MHC_SP_HOOK T __tsan_atomic##N##_load(const volatile T* a, int mo) {                         \
     return __atomic_load_n(a, order(mo));                                                      \
@@ -89,27 +93,13 @@ MHC_SP_ACCESS_HOOKS(16)
   MHC_SP_HOOK void __tsan_atomic##N##_store(volatile T* a, T v, int mo) {                      \
     __atomic_store_n(a, v, order(mo));                                                         \
   }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_exchange(volatile T* a, T v, int mo) {                      \
-    return __atomic_exchange_n(a, v, order(mo));                                               \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int mo) {                     \
-    return __atomic_fetch_add(a, v, order(mo));                                                \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int mo) {                     \
-    return __atomic_fetch_sub(a, v, order(mo));                                                \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int mo) {                     \
-    return __atomic_fetch_and(a, v, order(mo));                                                \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int mo) {                      \
-    return __atomic_fetch_or(a, v, order(mo));                                                 \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int mo) {                     \
-    return __atomic_fetch_xor(a, v, order(mo));                                                \
-  }                                                                                            \
-  MHC_SP_HOOK T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int mo) {                    \
-    return __atomic_fetch_nand(a, v, order(mo));                                               \
-  }                                                                                            \
+  MHC_SP_ATOMIC_RMW(N, T, exchange, __atomic_exchange_n)                                       \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_add, __atomic_fetch_add)                                       \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_sub, __atomic_fetch_sub)                                       \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_and, __atomic_fetch_and)                                       \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_or, __atomic_fetch_or)                                         \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_xor, __atomic_fetch_xor)                                       \
+  MHC_SP_ATOMIC_RMW(N, T, fetch_nand, __atomic_fetch_nand)                                     \
   MHC_SP_HOOK int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int mo, \
                                                              int fmo) {                        \
     return __atomic_compare_exchange_n(a, c, v, false, order(mo), failure_order(fmo));         \

@@ -63,8 +63,9 @@ struct Launch {
   std::shared_ptr<Launch> primary;
   std::atomic<uint64_t> blocks_started{0}, blocks_released{0};  // released: triggered or exited
   std::atomic<bool> dependents_released{false}, completed{false};
-  std::atomic<bool> has_dependent{
-      false};                  // a dependent grid was started beside it (hostile delays apply)
+  // Blocks of this grid's programmatic dependent that have run up to their griddepcontrol.wait
+  // or to their end (hostile PDL: a triggered block of this grid waits for one).
+  std::atomic<uint64_t> dependent_blocks_parked{0};
   bool any_triggered = false;  // a block executed griddepcontrol.launch_dependents (under m)
   uint64_t start_ns = 0, end_ns = 0;
 
@@ -153,6 +154,7 @@ struct Block {
   int post_trigger_sleeps = 0;
   // A lagging device's block: it made a release store to system memory, and it has stalled.
   bool released_system = false, lagged = false;
+  bool parked = false;  // a dependent grid's block: at its griddepcontrol.wait, or done
   // The scheduler's queues: ready threads per warp, the warps that have some, and the threads
   // whose last run ended in a poll.
   std::vector<std::vector<int>> ready_by_warp;

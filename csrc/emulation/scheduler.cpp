@@ -353,7 +353,7 @@ void run_block(Launch& L, uint64_t index) {
   b.rng.s = mix(L.seed ^ mix(L.id * 0x9e3779b97f4a7c15ull + index + 1)) | 1;
   b.schedule = L.schedule;
   b.delays = L.delays;
-  b.released_system = b.lagged = false;
+  b.released_system = b.lagged = b.parked = false;
   if (b.schedule == Schedule::kMixed) {
     static constexpr Schedule kDrawn[] = {Schedule::kRandom, Schedule::kWarpAhead,
                                           Schedule::kWarpBehind, Schedule::kInOrder};
@@ -398,13 +398,16 @@ void run_block(Launch& L, uint64_t index) {
       break;
     }
     // A primary grid that let its dependents start gives them a head start (hostile PDL): a
-    // block that triggered waits up to 10 ms for the host to launch the dependent (a loaded host
-    // takes a while to get there), then lets the dependent's blocks run before it goes on.
+    // block that triggered waits, up to 10 ms, until a block of the dependent has run all it
+    // runs before its griddepcontrol.wait (or to its end, when it has none): the host has to
+    // launch it and a worker to run it, which a loaded host takes a while to do. Then it lets the
+    // dependent's other blocks run a while before it goes on.
     if (b.triggered && b.post_trigger_sleeps < 203) {
-      if (!L.has_dependent && b.post_trigger_sleeps < 200) {
+      const bool dependent_ran = L.dependent_blocks_parked.load() > 0;
+      if (!dependent_ran && b.post_trigger_sleeps < 200) {
         ++b.post_trigger_sleeps;
         std::this_thread::sleep_for(std::chrono::microseconds(50));
-      } else if (L.has_dependent) {
+      } else if (dependent_ran) {
         b.post_trigger_sleeps = std::max(b.post_trigger_sleeps, 200) + 1;
         std::this_thread::sleep_for(std::chrono::microseconds(40));
       }

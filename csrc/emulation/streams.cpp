@@ -255,7 +255,6 @@ std::string start_launch(int device, dim3 grid, dim3 block, bool cooperative, bo
   L->delays = c.delays;
   L->deadline_ns = now_ns() + static_cast<uint64_t>(c.launch_timeout_s * 1e9);
   L->primary = primary;
-  if (primary) primary->has_dependent = true;
   size_t record = 0;
   {
     const std::lock_guard<std::mutex> lock(d.m);
@@ -329,6 +328,10 @@ void wait_for_primary() {
   Block* b = block_of_caller("griddepcontrol.wait");
   Launch* primary = b->launch->primary.get();
   if (primary == nullptr) return;  // launched after its predecessor completed
+  if (!b->parked) {
+    b->parked = true;
+    primary->dependent_blocks_parked.fetch_add(1);
+  }
   while (!primary->completed.load(std::memory_order_acquire)) poll();
   // The primary's blocks ended under its mutex (start_workers): their writes happen before this.
   const std::lock_guard<std::mutex> lock(primary->m);
@@ -336,6 +339,10 @@ void wait_for_primary() {
 
 void block_exited(Block& b) {
   if (!b.triggered) b.launch->mark_block_released();  // an exit releases the block too
+  if (b.launch->primary != nullptr && !b.parked) {
+    b.parked = true;
+    b.launch->primary->dependent_blocks_parked.fetch_add(1);
+  }
 }
 
 }  // namespace detail

@@ -29,6 +29,12 @@ def run_cli(tmp_path, *argv):
     return doc
 
 
+def tables(tmp_path):
+    """Where a command writes its --csv and --plot, and the flags that ask for them."""
+    csv_path, png = tmp_path / "out.csv", tmp_path / "out.png"
+    return csv_path, png, ["--csv", str(csv_path), "--plot", str(png)]
+
+
 def test_ops_quick(tmp_path):
     doc = run_cli(
         tmp_path,
@@ -252,25 +258,9 @@ def test_project_names_the_hardware_with_every_constant(capsys):
 
 @pytest.mark.distributed
 def test_model_quick(tmp_path, capsys):
-    csv_path, png = tmp_path / "model.csv", tmp_path / "model.png"
-    doc = run_cli(
-        tmp_path,
-        "model",
-        "-tp",
-        "2",
-        "--tokens",
-        "3,9",
-        "--sp-threshold",
-        "4",
-        "--num-layers",
-        "1",
-        *QUICK,
-        "--check",
-        "--csv",
-        str(csv_path),
-        "--plot",
-        str(png),
-    )
+    csv_path, png, to_files = tables(tmp_path)
+    argv = "model -tp 2 --tokens 3,9 --sp-threshold 4 --num-layers 1".split()
+    doc = run_cli(tmp_path, *argv, *QUICK, "--check", *to_files)
     small, row = doc["rows"]
     assert doc["kind"] == "model" and small["tokens"] == 3 and small["sp_engaged"] is False
     assert (
@@ -292,19 +282,9 @@ def test_model_quick(tmp_path, capsys):
 
 def test_ops_csv_and_plot_hold_every_column(tmp_path, capsys):
     """A later op's extra column (x_separate) used to break the CSV after the whole run."""
-    csv_path, png = tmp_path / "ops.csv", tmp_path / "ops.png"
-    doc = run_cli(
-        tmp_path,
-        *TINY_OPS,
-        "--compare",
-        "none",
-        "--ops",
-        "mhc_post,mhc_post_pre",
-        "--csv",
-        str(csv_path),
-        "--plot",
-        str(png),
-    )
+    csv_path, png, to_files = tables(tmp_path)
+    argv = "--compare none --ops mhc_post,mhc_post_pre".split()
+    doc = run_cli(tmp_path, *TINY_OPS, *argv, *to_files)
     lines = csv_path.read_text().splitlines()
     assert lines[0] == f"# {doc['command']}"
     header = lines[1].split(",")
@@ -345,24 +325,8 @@ def test_torch_profile_trace_and_plot(tmp_path, capsys):
 @pytest.mark.distributed
 def test_layer_quick_over_both_transports(tmp_path, capsys):
     csv_path = tmp_path / "layer.csv"
-    doc = run_cli(
-        tmp_path,
-        "layer",
-        "-tp",
-        "2",
-        "--tokens",
-        "3,8",
-        "--hidden-size",
-        "64",
-        "--transport",
-        "shm,gloo",
-        "--repeats",
-        "3",
-        "--warmup",
-        "0",
-        "--csv",
-        str(csv_path),
-    )
+    argv = "layer -tp 2 --tokens 3,8 --hidden-size 64 --transport shm,gloo --repeats 3 --warmup 0"
+    doc = run_cli(tmp_path, *argv.split(), "--csv", str(csv_path))
     rows = doc["rows"]
     assert [(r["tokens"], r["transport"]) for r in rows] == [
         (3, "shm"),

@@ -29,6 +29,7 @@ from mhc_sp.testing import (
     pre_weights,
     random_inputs,
 )
+from tests.helpers.boundaries import RankRows
 
 _testing = load_testing_module()
 pytestmark = pytest.mark.skipif(
@@ -56,7 +57,7 @@ def group(tp: int, max_sharded_tokens: int = 1024, hidden: int = H, timeout: flo
     )
 
 
-class Case:
+class Case(RankRows):
     """One boundary call's inputs for tp ranks: shared pre weights, and per rank its own partial
     (num_tokens + extra rows, garbage past num_tokens), stream, post and comb (replicated: all
     num_tokens rows; sharded: the rank's shard of its own full stream, padding rows zero)."""
@@ -80,15 +81,6 @@ class Case:
             self.residuals.append(self.mine(own["residual"], r))
             self.posts.append(self.mine(own["post"], r))
             self.combs.append(self.mine(own["comb"], r))
-
-    def mine(self, full, r):
-        return R.shard_tokens(full, r, self.tp).contiguous() if self.sharded else full
-
-    def shard(self):
-        return -(-self.T // self.tp) if self.sharded else self.T
-
-    def valid(self, r):
-        return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
 
     def run(self, sim, **kw):
         return sim.fused_layer(

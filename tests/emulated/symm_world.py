@@ -18,6 +18,7 @@ from mhc_sp.testing import (
     pre_weights,
     random_inputs,
 )
+from tests.helpers.boundaries import RankRows
 
 E = load_emulated_module()
 N = 4  # hc_mult: V4's
@@ -60,7 +61,7 @@ def all_nan(t):
     return bool(torch.isnan(t.float()).all())
 
 
-class Boundary:
+class Boundary(RankRows):
     """One fused_layer (or fused_head) call of tp ranks: shared pre weights, and per rank its own
     partial (T + 2 rows, garbage past T), stream, post and comb (replicated: all T rows; sharded:
     the rank's shard of its own full stream, padding rows zero)."""
@@ -78,15 +79,6 @@ class Boundary:
                 p[:T, :16] = -0.0
             self.partials.append(p)
             self.streams.append([self.mine(own[k], r) for k in ("residual", "post", "comb")])
-
-    def mine(self, full, r):
-        return R.shard_tokens(full, r, self.tp).contiguous() if self.sharded else full
-
-    def shard(self):
-        return -(-self.T // self.tp) if self.sharded else self.T
-
-    def valid(self, r):
-        return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
 
     def layer_call(self, r):
         args = (

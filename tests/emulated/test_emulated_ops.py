@@ -128,6 +128,25 @@ def test_token_rows_do_not_depend_on_the_batch_or_the_grid(name):
     assert name == "mhc_post" or len(splits) >= 2, splits  # other split-K plans ran too
 
 
+@pytest.mark.parametrize("name", ["mhc_pre", "mhc_post_pre", "hc_head"])
+def test_a_decode_over_many_splits_adds_them_in_order(name):
+    """The fused decode's last block loads the blocks' partials in batches of 16 and a rest before
+    adding them: 18 splits (a 16-SM GPU) give bitwise what 2 splits (one SM) give, and match the
+    reference."""
+    info = OPS[name]
+    T, n, H = 1, 4, 1100
+    mode = MODES.get(name, "pre")
+    sample = info.sample(random_inputs(T, n, H, seed=41))
+    E.configure(sms=16, blocks_per_sm=2, seed=2)
+    assert E.plan_pre(n, mode, T, H)["splits"] == 18
+    many = run(info, sample)
+    check_outputs(info, sample, many, info.call_reference(sample))
+    E.configure(sms=1, blocks_per_sm=2, seed=2)
+    assert E.plan_pre(n, mode, T, H)["splits"] < 16
+    for out, got, want in zip(info.outputs, run(info, sample), many):
+        assert_bitwise(f"{name}.{out}, 2 splits against 18", got, want)
+
+
 @pytest.mark.parametrize("T,H", [(3, 96), (40, 77)])
 def test_post_pre_equals_post_then_pre(T, H):
     s = random_inputs(T, 4, H, seed=T + H)

@@ -24,6 +24,22 @@ def partials_for(world, rows, H, seed):
     return [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(world)]
 
 
+class RankRows:
+    """The rows each rank holds of one boundary call of ``T`` tokens over ``tp`` ranks (set by the
+    subclass, with ``sharded``): the simulated-rank cases on a GPU and on the emulated device."""
+
+    def mine(self, full, r):
+        """Rank r's rows of a full (T, ...) tensor: its shard, or all of it."""
+        return R.shard_tokens(full, r, self.tp).contiguous() if self.sharded else full
+
+    def shard(self):
+        return -(-self.T // self.tp) if self.sharded else self.T
+
+    def valid(self, r):
+        """Rank r's real (not padding) rows."""
+        return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
+
+
 #: Transports whose reductions are reference.sum_partials bit for bit (NCCL adds in bf16).
 EXACT_TRANSPORTS = ("shm", "gloo", "symm")
 
