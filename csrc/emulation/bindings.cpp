@@ -267,8 +267,8 @@ void bind(py::module_& m) {
   m.def("configure_device", &configure_device, py::arg("device"), py::arg("sms"),
         py::arg("blocks_per_sm"), py::arg("lag_us") = 0,
         "Gives one emulated device another size (until the next configure()); lag_us > 0 makes "
-        "it a lagging rank: each block stalls that long once it is through its first cross-rank "
-        "barrier (after the arrival and the polls), so its peers run into their next call.");
+        "it a lagging rank: each block stalls that long once it has stored to system memory (an "
+        "arrival, a push) and polled for its peers, so its peers run into their next call.");
   m.def("config", [] {
     const DeviceConfig c = config();
     py::dict d;
@@ -373,6 +373,24 @@ void bind(py::module_& m) {
            "(graphs, the outputs each call will write).")
       .def("replay", &replay_world, py::arg("graphs"),
            "Replays every rank's graph at once: None per rank, or the error it raised.")
+      .def(
+          "local_states",
+          [](const World& w) {
+            py::list out;
+            for (int64_t r = 0; r < w.size(); ++r) {
+              const symm::LocalState s = w.workspace(r).local_state();
+              py::dict d;
+              d["lamport_calls"] = s.lamport_calls;
+              d["exchange_calls"] = s.exchange_calls;
+              d["lamport_done"] = s.lamport_done;
+              d["exchange_done"] = s.exchange_done;
+              d["tile_counter"] = s.tile_counter;
+              out.append(d);
+            }
+            return out;
+          },
+          "Every rank's device counters after the last run: calls done per path, the arrival "
+          "counts and the decode tile counter (zero between calls).")
       .def("errors",
            [](const World& w) {
              py::list out;

@@ -136,10 +136,10 @@ void configure(const DeviceConfig& c);  // every device; no launch may run meanw
 DeviceConfig config();
 // One device of another size (after configure(), which resets every device): a rank whose GPU
 // differs from its peers' (MIG, MPS shares, mixed SKUs). lag_us > 0 makes it a lagging rank: each
-// of its blocks, at the first block barrier after its first release store to system memory (a
-// cross-rank barrier's arrival, then its polls), stalls that long before it goes on, as a rank
-// descheduled right after it arrived. Its peers are through that barrier meanwhile and go on into
-// their next call while it still has this call's rows to read.
+// of its blocks, at the first block barrier after it stored to system memory (an arrival, a
+// Lamport push) and then polled for its peers, stalls that long before it goes on, as a rank
+// descheduled right after it arrived. Its peers are through meanwhile and go on into their next
+// call while it still has this call's rows to read and its mailbox to re-arm.
 void configure_device(int device, int sms, int blocks_per_sm, int lag_us = 0);
 int device_sms(int device);
 int device_blocks_per_sm(int device);

@@ -152,8 +152,9 @@ struct Block {
   Rng rng{1};
   uint64_t generation = 0;  // a number no other block run on this OS thread had (racecheck)
   int post_trigger_sleeps = 0;
-  // A lagging device's block: it made a release store to system memory, and it has stalled.
-  bool released_system = false, lagged = false;
+  // A lagging device's block: it made an atomic store to system memory (an arrival, a push), then
+  // polled (waited for its peers), and it has stalled.
+  bool stored_system = false, waited_after_store = false, lagged = false;
   bool parked = false;  // a dependent grid's block: at its griddepcontrol.wait, or done
   // The scheduler's queues: ready threads per warp, the warps that have some, and the threads
   // whose last run ended in a poll.

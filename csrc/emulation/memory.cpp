@@ -356,8 +356,8 @@ void mem_store(void* p, int bytes, uint64_t v, Sem sem, Scope scope, const Site&
   }
   const bool system = detail::system_memory_name(p, bytes) != nullptr;
   if (system) detail::system_store_delay();
-  if (system && sem == Sem::kRelease) {
-    if (detail::Block* b = detail::current_block(); b != nullptr) b->released_system = true;
+  if (system && sem != Sem::kWeak) {  // an arrival, a push: what a lagging rank stalls after
+    if (detail::Block* b = detail::current_block(); b != nullptr) b->stored_system = true;
   }
   if (sem == Sem::kWeak) {
     std::memcpy(p, &v, bytes);

@@ -233,8 +233,9 @@ void release_barrier(Block& b) {
   }
   b.bar_arrived = 0;
   ++b.barrier_epoch;
-  // A lagging device (configure_device): the barrier that completes a cross-rank barrier's polls.
-  if (b.launch->lag_us > 0 && b.released_system && !b.lagged) {
+  // A lagging device (configure_device): the first barrier after the block stored to system memory
+  // (an arrival, a push) and then polled for its peers.
+  if (b.launch->lag_us > 0 && b.waited_after_store && !b.lagged) {
     b.lagged = true;
     std::this_thread::sleep_for(std::chrono::microseconds(b.launch->lag_us));
   }
@@ -353,7 +354,7 @@ void run_block(Launch& L, uint64_t index) {
   b.rng.s = mix(L.seed ^ mix(L.id * 0x9e3779b97f4a7c15ull + index + 1)) | 1;
   b.schedule = L.schedule;
   b.delays = L.delays;
-  b.released_system = b.lagged = b.parked = false;
+  b.stored_system = b.waited_after_store = b.lagged = b.parked = false;
   if (b.schedule == Schedule::kMixed) {
     static constexpr Schedule kDrawn[] = {Schedule::kRandom, Schedule::kWarpAhead,
                                           Schedule::kWarpBehind, Schedule::kInOrder};
@@ -620,6 +621,7 @@ void syncwarp(unsigned mask, const char* file, int line) {
 void poll() {
   Block* b = detail::this_block;
   if (b == nullptr || b->running == nullptr) return;  // host code (a transport's host waits)
+  b->waited_after_store |= b->stored_system;
   // Now and then a poll takes a while (seeded): a peer's store lands late.
   if (b->delays && b->rng.below(512) == 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(20));

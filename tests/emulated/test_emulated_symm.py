@@ -55,6 +55,21 @@ def test_fused_layer_calls_in_a_row(tp):
     no_errors(w)
 
 
+def test_each_call_advances_its_counter_once_and_clears_its_arrivals():
+    """The device's bookkeeping after a sequence of boundaries: every Lamport call advanced
+    lamport_calls once and every sharded one exchange_calls once, and the arrival counts and the
+    decode tile counter are back at zero (a count left behind makes a later call's last block run
+    early or never, which the results show only under some schedules)."""
+    tp = 2
+    w = world(tp)
+    for k, (T, sharded) in enumerate([(T, s) for T in (1, 3, 16, 5) for s in (False, True)]):
+        b = Boundary(tp, T, sharded, seed=2000 + k)
+        b.check_layer(outputs(w.run([b.layer_call(r) for r in range(tp)])))
+    idle = {"lamport_done": 0, "exchange_done": 0, "tile_counter": 0}
+    assert w.local_states() == [{"lamport_calls": 4, "exchange_calls": 4, **idle}] * tp
+    no_errors(w)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, 13))
 def test_other_thread_orders_give_the_same_bits(seed):

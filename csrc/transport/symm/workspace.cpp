@@ -135,6 +135,13 @@ RankView SymmWorkspace::view() const {
                   layout_};
 }
 
+LocalState SymmWorkspace::local_state() const {
+  const Tensor host = state_.to(at::kCPU);  // a blocking copy on a GPU
+  LocalState s{};
+  std::memcpy(&s, host.data_ptr(), sizeof(LocalState));
+  return s;
+}
+
 ErrorRecord SymmWorkspace::error() const {
   ErrorRecord e{};
   e.code = error_host_->code;

@@ -79,6 +79,9 @@ class SymmWorkspace {
   const BufferLayout& layout() const { return layout_; }
   // What the kernels recorded (code 0: nothing failed). A host read, no device sync.
   ErrorRecord error() const;
+  // The device's counters (calls done, arrivals, the decode tile counter), copied back: for tests,
+  // once the calls have finished.
+  LocalState local_state() const;
   // Raises (RuntimeError naming the peer) when a wait has failed on this workspace.
   void check(const std::string& group) const;
   double timeout_s() const { return timeout_s_; }
