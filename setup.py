@@ -158,9 +158,9 @@ def _runtime_libstdcxx():
     except OSError:
         return ""
     for line in maps:
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if Path(path).name.startswith("libstdc++.so"):
-            return path
+        fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path
+        if len(fields) == 6 and Path(fields[5]).name.startswith("libstdc++.so"):
+            return fields[5]
     return ""
 
 

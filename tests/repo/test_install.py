@@ -395,3 +395,26 @@ def test_wheel_installs_into_an_environment_with_its_own_torch(tmp_path):
     )
     assert "4" in layer.stdout
     record("wheel", transcript, tmp_path)
+
+
+def setup_functions() -> dict:
+    """setup.py's helpers, without running setup() (its last statement)."""
+    source = (Path(__file__).resolve().parents[2] / "setup.py").read_text()
+    namespace = {"__file__": str(Path(__file__).resolve().parents[2] / "setup.py")}
+    exec(compile(source[: source.index("\nsetup(")], "setup.py", "exec"), namespace)
+    return namespace
+
+
+def test_the_build_links_the_processes_shared_libstdcxx_and_refuses_a_module_without_it():
+    helpers = setup_functions()
+    runtime = Path(helpers["_runtime_libstdcxx"]())
+    assert runtime.name.startswith("libstdc++.so") and runtime.is_file(), runtime
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf is not installed: the build's check is skipped too")
+    module = Path(mhc_sp._C.__file__)
+    helpers["_check_shared_libstdcxx"]([module])  # the built module passes
+    recorder = module.with_name("libmhc_sp_nvtx_record.so")  # C: no libstdc++ in it
+    if not recorder.is_file():
+        pytest.skip("built without the NVTX recorder, the one module here without libstdc++")
+    with pytest.raises(helpers["SetupError"], match="^libmhc_sp_nvtx_record.so: linked without"):
+        helpers["_check_shared_libstdcxx"]([recorder])
