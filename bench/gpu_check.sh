@@ -247,7 +247,9 @@ step() {
 pytest_step() { # name limit test files...
   local name=$1 limit=$2
   shift 2
-  step "$name" "$limit" "$PY" -m pytest -q -ra --junitxml="$WORK/$name.xml" "$@"
+  # The tests' output goes into the junit file too: lines starting "record: " reach the summary.
+  step "$name" "$limit" "$PY" -m pytest -q -ra --junitxml="$WORK/$name.xml" \
+    -o junit_logging=system-out "$@"
 }
 
 write_summary() {

@@ -47,23 +47,35 @@ def hardware_skip(reason: str, gpus: int) -> bool:
     return False
 
 
+#: A test's printed line that goes into the summary (pytest_step keeps the tests' output in the
+#: junit file): what a passing test measured, e.g. how many elements differ in bits from the
+#: emulated device.
+RECORD_PREFIX = "record: "
+
+
 def read_junit(path: str) -> dict:
-    """{"tests", "failures", "errors", "skipped"} counts and the failed and skipped tests (with
-    messages) of a pytest junit report."""
+    """{"tests", "failures", "errors", "skipped"} counts, the failed and skipped tests (with
+    messages) and the lines the tests printed starting with RECORD_PREFIX, of a pytest junit
+    report."""
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {
         k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")
     }
-    failed, skipped = [], []
+    failed, skipped, records = [], [], []
     for case in root.iter("testcase"):
         test = f"{case.get('classname')}::{case.get('name')}"
+        for out in case.findall("system-out"):
+            lines = (out.text or "").splitlines()
+            records += [
+                line[len(RECORD_PREFIX) :] for line in lines if line.startswith(RECORD_PREFIX)
+            ]
         for kind in ("failure", "error"):
             for e in case.findall(kind):
                 failed.append({"test": test, "message": (e.get("message") or "")[:300]})
         for e in case.findall("skipped"):
             skipped.append({"test": test, "reason": (e.get("message") or "")[:200]})
-    return {"counts": counts, "failed": failed, "skipped": skipped}
+    return {"counts": counts, "failed": failed, "skipped": skipped, "records": records}
 
 
 def step_record(
@@ -92,6 +104,8 @@ def step_record(
             skipped_tests=other,
             hardware_skips=hardware,
         )
+        if junit.get("records"):
+            rec["records"] = junit["records"]
     rec["status"] = status
     return rec
 

@@ -42,6 +42,7 @@ EMULATED = "tests/emulated"
 OPS = f"{EMULATED}/test_emulated_ops.py"
 SYMM = f"{EMULATED}/test_emulated_symm.py"
 AHEAD = f"{EMULATED}/test_emulated_run_ahead.py"
+HARNESS = f"{EMULATED}/test_emulated_symm_sim.py"
 SANITIZED_SITE = ROOT / "build/sanitize-thread/site"
 
 
@@ -348,6 +349,25 @@ MUTANTS = [
         "max(int64_t(0), t1 - t0);",
         SYMM_HC4,
         (SYMM, "-k", "in_a_row and 2"),
+    ),
+    # ---- the GPU harness's multi-rank wrappers (testing/symm_sim.cu) ---------------------------
+    Mutant(
+        "harness finish runs rank 0's call for every rank",
+        "rank index frozen",
+        "testing/symm_sim.cu",
+        "if (!absent(P)) cuda::sharded_layer_finish<N, V>(P.r[blockIdx.y]);",
+        "if (!absent(P)) cuda::sharded_layer_finish<N, V>(P.r[0]);",
+        ("symm_sim",),
+        (HARNESS, "-k", "fused_layer and 2"),
+    ),
+    Mutant(
+        "harness absent rank arrives",
+        "absent rank ignored",
+        "testing/symm_sim.cu",
+        "  return static_cast<int>(blockIdx.y) == P.absent;",
+        "  return false;",
+        ("symm_sim",),
+        (HARNESS, "-k", "absent"),
     ),
 ]
 

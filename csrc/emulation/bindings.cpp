@@ -22,6 +22,7 @@
 #include "mhc_sp/ops.h"
 #include "mhc_sp/detail/python_errors.h"
 #include "testing/symm_errors.h"
+#include "testing/symm_sim_bindings.h"
 #include "transport/symm/layout.h"
 
 namespace py = pybind11;
@@ -407,6 +408,8 @@ void bind(py::module_& m) {
                        : symm::describe_error(e, w.group(rank), w.workspace(rank).timeout_s());
           },
           py::arg("rank"));
+  // The GPU harness's simulated ranks (testing/symm_sim.h), their kernels on an emulated device.
+  testing::bind_symm_sim(m);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include "testing/symm_sim.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -11,18 +12,25 @@
 namespace mhc_sp::testing {
 
 SymmSimGroup::SymmSimGroup(int64_t world, int64_t device, int64_t mailbox_slot_bytes,
-                           int64_t half_bytes, double timeout_s) {
+                           int64_t half_bytes, double timeout_s)
+    : device_(device) {
   TORCH_CHECK_VALUE(world >= 1 && world <= kMaxSimRanks, "world: the harness simulates 1 to ",
                     kMaxSimRanks, " ranks, got ", world);
   const int64_t devices = c10::cuda::device_count();
-  TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected a CUDA device index in [0, ",
+  TORCH_CHECK_VALUE(device >= 0 && device < devices, "device: expected a device index in [0, ",
                     devices, "), got ", device);
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // events, streams
+  // The device's memory, events and streams.
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const symm::BufferLayout L = symm::buffer_layout(world, mailbox_slot_bytes, half_bytes);
-  const auto opts = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device);
   std::vector<int64_t> ptrs;
   for (int64_t r = 0; r < world; ++r) {
-    buffers_.push_back(at::empty({L.total_bytes}, opts));
+    // From the device's allocator, as the kernels' split-K workspaces are
+    // (transport/symm/kernel_params.cuh), so that the emulated device runs this unchanged.
+    memory_blocks_.push_back(
+        c10::cuda::CUDACachingAllocator::get()->allocate(static_cast<size_t>(L.total_bytes)));
+    memory_ = memory_blocks_.back().device();
+    buffers_.push_back(at::from_blob(memory_blocks_.back().get(), {L.total_bytes},
+                                     at::TensorOptions().dtype(at::kByte).device(memory_)));
     ptrs.push_back(reinterpret_cast<int64_t>(buffers_.back().data_ptr()));
   }
   for (int64_t r = 0; r < world; ++r) {

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Simulated symm worlds on the emulated device and the boundary calls the emulated tests make
-(tests/emulated/test_emulated_symm.py, test_emulated_run_ahead.py): every rank's inputs, its call
-of the production op, and the check of every rank's outputs, bitwise against the emulated math
-ops over the fp32 rank-order sum of the partials (mhc_sp.reference.sum_partials)."""
+(tests/emulated/test_emulated_symm.py, test_emulated_run_ahead.py, test_emulated_symm_sim.py):
+every rank's inputs, its call of the production op (or the GPU harness's one call for every
+rank), and the check of every rank's outputs, bitwise against the emulated math ops over the fp32
+rank-order sum of the partials (mhc_sp.reference.sum_partials)."""
 
 import pytest
 import torch
@@ -90,6 +91,19 @@ class Boundary(RankRows):
             self.T,
         )
         return ("fused_layer", (*args, *CFG.scalars()))
+
+    def run_harness(self, sim, **kw):
+        """The call on the GPU harness's simulated ranks (SymmSimGroup: every rank in one
+        launch)."""
+        return sim.fused_layer(self.partials, *self.rank_streams(), *self.harness_rest(), **kw)
+
+    def rank_streams(self):
+        """Every rank's residual, post and comb: three lists of tp tensors."""
+        return [[s[k] for s in self.streams] for k in range(3)]
+
+    def harness_rest(self):
+        """The harness call's arguments after the per-rank lists."""
+        return (*pre_weights(self.w), self.sharded, self.T, *CFG.scalars())
 
     def head_call(self, r):
         args = (self.partials[r], *self.streams[r], *head_weights(self.w), None, self.sharded)

@@ -290,6 +290,8 @@ FAKE_TESTS = f"""
 import pytest
 
 def test_passes():
+    print("record: 3 elements differ")
+    print("not a record")
     assert True
 
 def test_needs_two_gpus():
@@ -313,7 +315,9 @@ def junit(tmp_path_factory):
     for name, select in (("all", []), ("hardware_only", ["-k", "not cuobjdump"])):
         xml = d / f"{name}.xml"
         subprocess.run(
+            # as bench/gpu_check.sh's pytest_step runs them
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+            + ["-o", "junit_logging=system-out"]
             + select
             + [str(d / "test_fake.py")],
             cwd=d,
@@ -328,6 +332,7 @@ def junit(tmp_path_factory):
 def test_junit_report_is_read(junit):
     report = junit["all"]
     assert report["counts"] == {"tests": 4, "failures": 0, "errors": 0, "skipped": 3}
+    assert report["records"] == ["3 elements differ"]
     reasons = sorted(s["reason"] for s in report["skipped"])
     assert reasons == sorted(
         [HARDWARE, "no cuobjdump: install the CUDA toolkit", "3 ranks need 3 GPUs"]
@@ -337,6 +342,7 @@ def test_junit_report_is_read(junit):
 def test_hardware_skips_keep_a_step_ok_on_a_machine_without_the_hardware(junit):
     rec = summary.step_record("cuda_tests", 0, 70, 150, junit["hardware_only"], gpus=1)
     assert rec["status"] == "ok"
+    assert rec["records"] == ["3 elements differ"]
     assert len(rec["hardware_skips"]) == 2 and rec["skipped_tests"] == []
     # with the GPUs there, the same skips mean the tests did not run what they could: partial
     rec = summary.step_record("cuda_tests", 0, 70, 150, junit["hardware_only"], gpus=2)
