@@ -29,7 +29,12 @@ from mhc_sp.testing import (
     pre_weights,
     random_inputs,
 )
-from tests.helpers.boundaries import RankRows
+from tests.helpers.boundaries import (
+    RankRows,
+    check_absent_rank_named,
+    check_refused_after_absent,
+    symm_collective_cases,
+)
 
 _testing = load_testing_module()
 pytestmark = pytest.mark.skipif(
@@ -199,28 +204,9 @@ def test_signed_zeros_in_the_partials(sims, tp, sharded):
 def test_collectives(sims, tp):
     sim = sims(tp) if tp != 3 else group(3)
     g = torch.Generator(device="cuda").manual_seed(tp)
-    # all_reduce through the mailbox (3 rows) and the exchange (rows past a slot, not a multiple
-    # of the world: the last owners' shards are short).
-    for rows in (3, 20 * tp + 3):
-        xs = [
-            torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)
-        ]
-        for x in xs:
-            x[:, :16] = -0.0
-        for r, out in enumerate(sim.collective("all_reduce", xs)):
-            assert_bitwise(f"all_reduce rows {rows} rank {r}", out, R.sum_partials(xs))
-    # reduce_scatter of rows that are not a multiple of the world: shards of ceil(rows / tp)
-    # rows, the rows past the end zero.
-    rows = 5 * tp + 3
-    xs = [torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16) for _ in range(tp)]
-    total = R.sum_partials(xs)
-    for r, out in enumerate(sim.collective("reduce_scatter", xs)):
-        assert_bitwise(f"reduce_scatter rank {r}", out, R.shard_tokens(total, r, tp))
-    xs = [torch.randn(7, H // 2, generator=g, device="cuda") for _ in range(tp)]  # fp32 rows
-    for keep in (7 * tp - 3, -1):
-        want = torch.cat(xs)[: keep if keep >= 0 else None]
-        for r, out in enumerate(sim.collective("all_gather", xs, keep)):
-            assert_bitwise(f"all_gather keep {keep} rank {r}", out, want)
+    for op, xs, keep, want in symm_collective_cases(tp, H, 20 * tp + 3, g, device="cuda"):
+        for r, out in enumerate(sim.collective(op, xs, keep)):
+            assert_bitwise(f"{op} rows {xs[0].shape[0]} keep {keep} rank {r}", out, want(r))
     no_errors(sim)
 
 
@@ -376,16 +362,7 @@ def test_absent_rank_times_out_then_every_call_is_refused(tp, sharded):
     outs = case.run(sim, absent=absent)
     torch.cuda.synchronize()
     first = time.monotonic() - t
-    errors = sim.errors()
-    assert errors[absent] is None, errors
-    assert all(errors[r] is not None for r in range(tp) if r != absent), errors
-    named = [e for e in errors if e and e["code"] == "timeout" and e["peer"] == absent]
-    assert named, f"no rank recorded a timeout naming rank {absent}: {errors}"
-    assert f"waiting for rank {absent}" in sim.describe_error(named[0]["rank"])
-    for r, out in enumerate(outs):  # nothing uninitialised: every output of a failed call is NaN
-        if r != absent:
-            for t_ in out:
-                assert bool(torch.isnan(t_.float()).all()), (r, t_.shape)
+    check_absent_rank_named(sim, tp, absent, outs)
     # The rank that was absent now arrives: the workspace is broken, so every rank refuses the
     # call at once, records it (the late rank: kPeerBroken naming the rank that broke it) and
     # returns NaN, never uninitialised memory.
@@ -393,12 +370,7 @@ def test_absent_rank_times_out_then_every_call_is_refused(tp, sharded):
     outs = case.run(sim)
     torch.cuda.synchronize()
     again = time.monotonic() - t
-    late = sim.errors()[absent]
-    assert late is not None and late["code"] == "peer_broken" and late["peer"] != absent, late
-    assert late["phase"] == 3 and "refused the call" in sim.describe_error(absent)
-    for r, out in enumerate(outs):
-        for t_ in out:
-            assert bool(torch.isnan(t_.float()).all()), (r, t_.shape)
+    check_refused_after_absent(sim, absent, outs)
     assert first < 10 * timeout + 5 and again < 5, (first, again)
 
 

@@ -15,9 +15,13 @@ import sys
 import pytest
 import torch
 
-from mhc_sp import reference as R
 from mhc_sp.testing import EMULATED_MODULE_MISSING, assert_bitwise
 from tests.emulated.symm_world import Boundary, C, E, H, all_nan, emulated_device, no_errors
+from tests.helpers.boundaries import (
+    check_absent_rank_named,
+    check_refused_after_absent,
+    symm_collective_cases,
+)
 
 pytestmark = pytest.mark.skipif(E is None, reason=EMULATED_MODULE_MISSING)
 
@@ -63,24 +67,11 @@ def test_production_launch_refuses_simulated_worlds():
 @pytest.mark.parametrize("tp", [2, 3])
 def test_collectives(tp):
     sim = harness(tp)
+    exchange_rows = 2 * C["default_mailbox_slot_bytes"] // (2 * H) + 3
     g = torch.Generator().manual_seed(tp)
-    # all_reduce through the mailbox (3 rows) and the exchange (more rows than a slot holds).
-    for rows in (3, 2 * C["default_mailbox_slot_bytes"] // (2 * H) + 3):
-        xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
-        for x in xs:
-            x[:, :16] = -0.0
-        for r, out in enumerate(sim.collective("all_reduce", xs)):
-            assert_bitwise(f"all_reduce rows {rows} rank {r}", out, R.sum_partials(xs))
-    rows = 5 * tp + 3  # not a multiple of the world: the last shard is short, padded with zeros
-    xs = [torch.randn(rows, H, generator=g).to(torch.bfloat16) for _ in range(tp)]
-    total = R.sum_partials(xs)
-    for r, out in enumerate(sim.collective("reduce_scatter", xs)):
-        assert_bitwise(f"reduce_scatter rank {r}", out, R.shard_tokens(total, r, tp))
-    xs = [torch.randn(7, H // 2, generator=g) for _ in range(tp)]  # fp32 rows
-    for keep in (7 * tp - 3, -1):
-        want = torch.cat(xs)[: keep if keep >= 0 else None]
-        for r, out in enumerate(sim.collective("all_gather", xs, keep)):
-            assert_bitwise(f"all_gather keep {keep} rank {r}", out, want)
+    for op, xs, keep, want in symm_collective_cases(tp, H, exchange_rows, g):
+        for r, out in enumerate(sim.collective(op, xs, keep)):
+            assert_bitwise(f"{op} rows {xs[0].shape[0]} keep {keep} rank {r}", out, want(r))
     no_errors(sim)
 
 
@@ -89,22 +80,8 @@ def test_absent_rank_times_out_then_every_call_is_refused(sharded):
     tp, absent = 3, 2
     sim = harness(tp, timeout=0.05)
     b = Boundary(tp, 4 * tp + 1 if sharded else 16, sharded, seed=60)
-    outs = b.run_harness(sim, absent=absent)
-    errors = sim.errors()
-    assert errors[absent] is None, errors
-    assert all(errors[r] is not None for r in range(tp) if r != absent), errors
-    named = [e for e in errors if e and e["code"] == "timeout" and e["peer"] == absent]
-    assert named, f"no rank recorded a timeout naming rank {absent}: {errors}"
-    assert f"waiting for rank {absent}" in sim.describe_error(named[0]["rank"])
-    for r, out in enumerate(outs):  # every output of a failed call is NaN, never stale memory
-        if r != absent:
-            assert all(all_nan(t) for t in out), r
-    # The absent rank arrives now: the workspace is broken, every rank refuses the call.
-    outs = b.run_harness(sim)
-    late = sim.errors()[absent]
-    assert late is not None and late["code"] == "peer_broken" and late["peer"] != absent, late
-    assert late["phase"] == 3 and "refused the call" in sim.describe_error(absent)
-    assert all(all_nan(t) for out in outs for t in out)
+    check_absent_rank_named(sim, tp, absent, b.run_harness(sim, absent=absent))
+    check_refused_after_absent(sim, absent, b.run_harness(sim))  # the absent rank arrives now
     for op in ("all_reduce", "reduce_scatter", "all_gather"):
         xs = [torch.ones(40, H, dtype=torch.bfloat16) for _ in range(tp)]
         assert all(all_nan(out) for out in sim.collective(op, xs)), op

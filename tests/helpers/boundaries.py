@@ -40,6 +40,62 @@ class RankRows:
         return max(0, min(self.shard(), self.T - r * self.shard())) if self.sharded else self.T
 
 
+def symm_collective_cases(tp, H, exchange_rows, generator, device="cpu"):
+    """The plain collectives a symm group of tp simulated ranks is checked with, as (op, xs,
+    keep, want): each rank's input, all_gather's kept rows (-1: all), and want(r), rank r's
+    expected output. all_reduce through the mailbox (3 rows, -0 columns) and through the
+    exchange (`exchange_rows`: more than a mailbox slot holds, not a multiple of tp), a
+    reduce_scatter whose last shard is short (padded with zeros), all_gather of fp32 rows."""
+
+    def bf16(rows, cols):
+        return [
+            torch.randn(rows, cols, generator=generator, device=device).to(torch.bfloat16)
+            for _ in range(tp)
+        ]
+
+    for rows in (3, exchange_rows):
+        xs = bf16(rows, H)
+        for x in xs:
+            x[:, :16] = -0.0
+        total = R.sum_partials(xs)
+        yield "all_reduce", xs, -1, lambda r, total=total: total
+    xs = bf16(5 * tp + 3, H)
+    total = R.sum_partials(xs)
+    yield "reduce_scatter", xs, -1, lambda r, total=total: R.shard_tokens(total, r, tp)
+    xs = [torch.randn(7, H // 2, generator=generator, device=device) for _ in range(tp)]
+    for keep in (7 * tp - 3, -1):
+        want = torch.cat(xs)[: keep if keep >= 0 else None]
+        yield "all_gather", xs, keep, lambda r, want=want: want
+
+
+def check_absent_rank_named(group, tp, absent, outs):
+    """After a call rank `absent` never joined: it recorded nothing, every other rank recorded an
+    error, one of them a timeout naming it (described as such), and every output of the failed
+    call is NaN, never stale memory."""
+    errors = group.errors()
+    assert errors[absent] is None, errors
+    assert all(errors[r] is not None for r in range(tp) if r != absent), errors
+    named = [e for e in errors if e and e["code"] == "timeout" and e["peer"] == absent]
+    assert named, f"no rank recorded a timeout naming rank {absent}: {errors}"
+    assert f"waiting for rank {absent}" in group.describe_error(named[0]["rank"])
+    for r, out in enumerate(outs):
+        if r != absent:
+            for t in out:
+                assert bool(torch.isnan(t.float()).all()), (r, t.shape)
+
+
+def check_refused_after_absent(group, absent, outs):
+    """The next call, every rank there: the workspace is broken, so every rank refused it, the
+    late rank recording kPeerBroken (phase 3) naming the rank that broke it, and every output is
+    NaN."""
+    late = group.errors()[absent]
+    assert late is not None and late["code"] == "peer_broken" and late["peer"] != absent, late
+    assert late["phase"] == 3 and "refused the call" in group.describe_error(absent)
+    for r, out in enumerate(outs):
+        for t in out:
+            assert bool(torch.isnan(t.float()).all()), (r, t.shape)
+
+
 #: Transports whose reductions are reference.sum_partials bit for bit (NCCL adds in bf16).
 EXACT_TRANSPORTS = ("shm", "gloo", "symm")
 

@@ -26,10 +26,6 @@ MHC_HD void pre_weights(const float* mix, float inv_rms, float s0, const float* 
 // mix has n*(n+2) entries: n pre logits, n post logits, n*n comb logits (row i = input stream).
 MHC_HD void mhc_coefficients(const float* mix, float inv_rms, const float* scale, const float* base,
                              int n, const MhcScalars& s, float* pre, float* post, float* comb) {
-  pre_weights(mix, inv_rms, scale[0], base, n, s.hc_pre_eps, pre);
-  for (int j = 0; j < n; ++j)
-    post[j] = sigmoidf(mix[n + j] * inv_rms * scale[1] + base[n + j]) * s.hc_post_mult;
-
   const float eps = s.hc_sinkhorn_eps;
   const float* logits = mix + 2 * n;
   const float* cbase = base + 2 * n;
@@ -63,6 +59,12 @@ MHC_HD void mhc_coefficients(const float* mix, float inv_rms, const float* scale
     }
     normalise_columns();
   }
+  // pre and post last: their values are then never live across the Sinkhorn loop, whose fp32
+  // divisions call ptxas's slow-path subroutines (sm_100a kept two of them in a stack frame
+  // across those calls). Independent of comb: the same values in any order.
+  pre_weights(mix, inv_rms, scale[0], base, n, s.hc_pre_eps, pre);
+  for (int j = 0; j < n; ++j)
+    post[j] = sigmoidf(mix[n + j] * inv_rms * scale[1] + base[n + j]) * s.hc_post_mult;
 }
 
 }  // namespace mhc_sp
