@@ -9,14 +9,13 @@
 // through weak loads of memory other devices write, and delays stores to it now and then
 // (memory.cpp). The atomic built-ins the instrumentation redirects are performed as written.
 //
-// In the ThreadSanitizer build of the module (scripts/sanitize.sh thread) the real runtime
-// provides this interface, and this file defines nothing.
+// Not in the sanitizer builds of the module (scripts/sanitize.sh): there the device sources carry
+// that sanitizer's instrumentation instead, and the racecheck, the poison and the weak-poll
+// reports are off (the tests that need them skip, saying so).
 
 #include <cstdint>
 
 #include "emulation/internal.h"
-
-#if !defined(__SANITIZE_THREAD__)
 
 namespace mhc_sp::emulation::detail {
 namespace {
@@ -122,4 +121,3 @@ MHC_SP_ATOMIC_HOOKS(64, uint64_t)
 MHC_SP_HOOK void __tsan_atomic_thread_fence(int mo) { __atomic_thread_fence(order(mo)); }
 MHC_SP_HOOK void __tsan_atomic_signal_fence(int mo) { __atomic_signal_fence(order(mo)); }
 
-#endif  // !__SANITIZE_THREAD__

@@ -311,6 +311,8 @@ void bind(py::module_& m) {
       },
       "Every launch since reset_launches(): its device, grid, whether it was a programmatic "
       "dependent, and when it started and completed (steady clock, ns)");
+  // False in the sanitizer builds (scripts/sanitize.sh), which leave out access_hooks.cpp.
+  m.attr("access_checks") = py::bool_(MHC_SP_EMULATION_ACCESS_HOOKS != 0);
   m.def(
       "shared_variables", [] { return detail::shared_variables(); },
       "(name, bytes) of every __shared__ variable the racecheck watches");
