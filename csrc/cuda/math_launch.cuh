@@ -82,6 +82,7 @@ struct PrePlan {
   int64_t tiles, splits, per_split, items;
   bool fused;
   int64_t ws_floats, counter_ints;
+  float rms_count;  // float(streams * H): PreArgs::rms_count
 };
 
 template <int N, Mode MODE>
@@ -105,7 +106,15 @@ PrePlan plan_pre(int64_t T, int64_t H, int sms) {
   p.fused = T <= kFusedMaxTokens;
   p.ws_floats = p.items * kTileTokens * S::MP1;
   p.counter_ints = p.fused ? p.tiles : 0;
+  p.rms_count = static_cast<float>(int64_t(S::NS) * H);
   return p;
+}
+
+// The plan's part of the kernels' arguments (the workspace is the caller's).
+inline void use_plan(PreArgs& a, const PrePlan& plan) {
+  a.splits = static_cast<int>(plan.splits);
+  a.chunks_per_split = static_cast<int>(plan.per_split);
+  a.rms_count = plan.rms_count;
 }
 
 // Runs the projection (+ post / broadcast copy) and the finish for one pre-style op.
@@ -121,8 +130,7 @@ void launch_pre(PreArgs a, bool vec, cudaStream_t stream) {
       static_cast<size_t>(ws_floats * sizeof(float) + counter_ints * sizeof(int)));
   a.ws = static_cast<float*>(workspace.get());
   a.counters = fused ? reinterpret_cast<int*>(a.ws + ws_floats) : nullptr;
-  a.splits = static_cast<int>(plan.splits);
-  a.chunks_per_split = static_cast<int>(plan.per_split);
+  use_plan(a, plan);
   if (fused) C10_CUDA_CHECK(cudaMemsetAsync(a.counters, 0, counter_ints * sizeof(int), stream));
 
   auto run = [&](auto v_const) {

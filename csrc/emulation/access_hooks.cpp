@@ -120,4 +120,3 @@ MHC_SP_ATOMIC_HOOKS(64, uint64_t)
 
 MHC_SP_HOOK void __tsan_atomic_thread_fence(int mo) { __atomic_thread_fence(order(mo)); }
 MHC_SP_HOOK void __tsan_atomic_signal_fence(int mo) { __atomic_signal_fence(order(mo)); }
-

@@ -1,19 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the compiler made of the hot CUDA kernels, read from the built extension's cubins of every
-architecture it was built for (sm_90a and sm_100a by default) with cuobjdump (no GPU needed): no
-kernel of V4's hc_mult (n = 4), no collective and no post_kernel keeps anything in local memory (a
-stack frame: an array indexed at run time, or spilled registers), except the frames listed in
-STACK_EXCEPTIONS, which may not grow; none divides 64-bit integers (read in the embedded PTX), and
-the sharded boundary's first kernel lets its programmatic dependent start early while the second
-waits for it.
+architecture it was built for (sm_90a and sm_100a by default) with cuobjdump (no GPU needed): on
+every one of them, no kernel of V4's hc_mult (n = 4), no collective and no post_kernel keeps
+anything in local memory (a stack frame: an array indexed at run time, or spilled registers); none
+divides 64-bit integers (read in the embedded PTX), and the sharded boundary's first kernel lets
+its programmatic dependent start early while the second waits for it.
 
 Outside the gate, and a matter of speed only: the wide hc_mult instantiations keep the upper
 levels of their projection tree in local memory (kFarLevels in cuda/device/pre.cuh), so
 project_kernel<5..8> and symm_lamport_layer_kernel / symm_sharded_layer_kernel<5..8> have stack
-frames of 0.8-2.2 KB (832-2,160 bytes for sm_90a with nvcc 13.0), reached once every
-2^(kRegLevels + kSmemLevels) chunks; finish_kernel<3> (8-16 bytes) and
-symm_sharded_finish_kernel<8> (256 bytes) have small ones too. V4 runs hc_mult 4, which the gate
-holds to none.
+frames of 0.8-2.2 KB (808-2,152 bytes on sm_90a and sm_100a with nvcc 13.0), reached once every
+2^(kRegLevels + kSmemLevels) chunks; symm_sharded_finish_kernel<8> (256 bytes) and, on sm_100a,
+finish_kernel<8> (24-120 bytes) and hc_head's finish_kernel<2> (8 bytes) have small ones too. V4
+runs hc_mult 4, which the gate holds to none.
 
 Skips, saying why, when mhc_sp was built without CUDA or no cuobjdump is found (the CUDA toolkit's,
 CUDA_HOME's, or the copy in the CUDA torch wheel's triton package); bench/gpu_check.sh then marks
@@ -48,28 +47,6 @@ GATED = {
     "symm_lamport_sum_kernel": r"_ZN6mhc_sp4cuda23symm_lamport_sum_kernel[IE]",
     "symm_reduce_kernel": r"_ZN6mhc_sp4cuda18symm_reduce_kernelI",
     "symm_gather_kernel": r"_ZN6mhc_sp4cuda18symm_gather_kernel[IE]",
-}
-
-# Stack frames the gate tolerates, per architecture: {arch: {mangled name: bytes at most}}. sm_90a
-# has none. On sm_100a, nvcc 13.0 keeps frames in these n = 4 kernels (read from the default
-# build): the symm projection kernels run at the 255-register cap (two blocks per SM) and spill
-# loop invariants; project_kernel runs at its 168-register cap (three per SM) and spills 8-24
-# bytes; mhc_pre's finish keeps one float (the RMS divisor) across the Sinkhorn's fp32-division
-# slow-path calls. The finishes of mhc_post_pre and of the sharded boundary lost theirs when the
-# coefficients put pre and post after the Sinkhorn loop (detail/coefficients.h). Moving the
-# divisor into the kernel's parameters removed the finish's frame but grew project_kernel's and
-# the Lamport kernel's (144 bytes): the rest needs a Blackwell GPU to time what each
-# restructuring costs (bench/gpu_check.sh). A frame that grows, or a new one, fails.
-STACK_EXCEPTIONS: dict[str, dict[str, int]] = {
-    "sm_100a": {
-        "_ZN6mhc_sp4cuda25symm_sharded_layer_kernelILi4ELi8EEEvNS0_18ShardedLayerParamsE": 112,
-        "_ZN6mhc_sp4cuda25symm_lamport_layer_kernelILi4ELi8EEEvNS0_18LamportLayerParamsE": 104,
-        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE0ELi1EEEvNS0_7PreArgsEb": 24,
-        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE1ELi8EEEvNS0_7PreArgsEb": 16,
-        "_ZN6mhc_sp4cuda14project_kernelILi4ELNS0_4ModeE1ELi1EEEvNS0_7PreArgsEb": 8,
-        "_ZN6mhc_sp4cuda13finish_kernelILi4ELNS0_4ModeE0ELi1EEEvNS0_7PreArgsE": 8,
-        "_ZN6mhc_sp4cuda13finish_kernelILi4ELNS0_4ModeE0ELi8EEEvNS0_7PreArgsE": 8,
-    },
 }
 
 
@@ -202,25 +179,11 @@ def test_every_gated_family_is_in_the_build(usages):
 def test_no_stack_frame_or_spill_in_the_hot_kernels(usages):
     bad = []
     for arch, usage in sorted(usages.items()):
-        allowed = STACK_EXCEPTIONS.get(arch, {})
         for name, family in sorted(gated(usage).items()):
             stack, local = usage[name].get("STACK", 0), usage[name].get("LOCAL", 0)
-            if local > 0 or stack > allowed.get(name, 0):
+            if local > 0 or stack > 0:
                 bad.append(f"{arch} {family}: {name} REG {usage[name]['REG']} STACK {stack}")
     assert not bad, "kernels with local memory (stack frame or spills):\n" + "\n".join(bad)
-
-
-def test_the_tolerated_frames_are_still_there(usages):
-    # An exception whose kernel lost its frame (or is gone) is removed from the list, so that the
-    # frame cannot come back unnoticed.
-    stale = [
-        f"{arch}: {name}"
-        for arch, names in STACK_EXCEPTIONS.items()
-        if arch in usages
-        for name in names
-        if usages[arch].get(name, {}).get("STACK", 0) == 0
-    ]
-    assert not stale, "STACK_EXCEPTIONS lists kernels without a frame:\n" + "\n".join(stale)
 
 
 def parse_ptx(text: str, arch: str) -> dict[str, str]:

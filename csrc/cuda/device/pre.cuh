@@ -116,6 +116,10 @@ struct PreArgs {
   int* counters;         // fused launch only: one per tile
   int splits;            // blocks per token tile along H
   int chunks_per_split;  // HC-wide chunks per block: a power of two (see LeafTree)
+  // float(streams * H), the RMS's divisor, from the plan (use_plan): as a kernel parameter it is
+  // read where it is used, while a value converted in the kernel is hoisted out of the finish's
+  // token loop and (sm_100a) kept on the stack across the Sinkhorn's fp32-division slow-path calls.
+  float rms_count;
 };
 
 // Where mhc_post_pre's staging reads the sublayer output x: straight from a.x here; the
@@ -274,8 +278,7 @@ __device__ void finish_group(const PreArgs& a, int64_t t0, int count, float* mix
   if (static_cast<int>(threadIdx.x) < count) {
     const int64_t t = t0 + threadIdx.x;
     const float* mix = mix_s + threadIdx.x * S::MP1;
-    const float inv_rms =
-        1.0f / sqrtf(mix[S::M] / static_cast<float>(int64_t(S::NS) * a.H) + a.s.rms_eps);
+    const float inv_rms = 1.0f / sqrtf(mix[S::M] / a.rms_count + a.s.rms_eps);
     float pre[N];
     if constexpr (MODE == Mode::Head) {
       pre_weights(mix, inv_rms, a.scale[0], a.base, N, a.s.hc_pre_eps, pre);
@@ -323,13 +326,21 @@ __device__ __forceinline__ bool project_block(const PreArgs& a, bool fused, int6
   const int64_t h_end = min(a.H, h_begin + int64_t(a.chunks_per_split) * S::HC);
 
   if constexpr (MODE == Mode::PostPre) {  // the tile's post/comb, read once per block
+    // Row tt of coef_s is post[t] then comb[t]. Two loops over the tile's contiguous post and
+    // comb values: a thread's element of every iteration sits a fixed stride from its first, so
+    // the unrolled loops need a base address rather than an index pair per iteration, which
+    // sm_100a's project_kernel kept on the stack (8-16 bytes).
     constexpr int kPer = N + N * N;
-    for (int e = threadIdx.x; e < S::kCoefs; e += kProjThreads) {
-      const int tt = e / kPer, r = e % kPer;
-      const int64_t t = tile * kTileTokens + tt;
-      float v = 0.f;
-      if (t < a.T) v = r < N ? a.post_in[t * N + r] : a.comb_in[t * N * N + (r - N)];
-      coef_s[e] = v;
+    const int64_t rows = min(int64_t(kTileTokens), a.T - tile * kTileTokens);
+    const float* post_in = a.post_in + tile * kTileTokens * N;
+    const float* comb_in = a.comb_in + tile * kTileTokens * N * N;
+    for (int e = threadIdx.x; e < kTileTokens * N; e += kProjThreads) {
+      const int tt = e / N;
+      coef_s[tt * kPer + e % N] = tt < rows ? post_in[e] : 0.f;
+    }
+    for (int e = threadIdx.x; e < kTileTokens * N * N; e += kProjThreads) {
+      const int tt = e / (N * N);
+      coef_s[tt * kPer + N + e % (N * N)] = tt < rows ? comb_in[e] : 0.f;
     }
   }  // the first barrier of the chunk loop orders these writes before their use
 
@@ -354,7 +365,16 @@ __device__ __forceinline__ bool project_block(const PreArgs& a, bool fused, int6
     for (int e = 0; e < kLeaf; ++e) leaf[e] = 0.f;
     float& ss_g = leaf[kLeaf - 2];  // this lane's share of rows g and g + 8, then the group's
     float& ss_g8 = leaf[kLeaf - 1];
+    // The k-steps' fn loads are independent of each other, and a whole unrolled chunk issues
+    // them all ahead. On sm_100a ptxas then wanted more than 255 registers in the symm kernels
+    // (the exchange's state beside the tree) and spilled about 100 bytes: there the loop is
+    // unrolled two k-steps at a time (205-219 registers, no frame; tests/cuda/test_cubins.py
+    // holds both architectures to none).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#pragma unroll 2
+#else
 #pragma unroll
+#endif
     for (int ks = 0; ks < S::KC / 16; ++ks) {
       uint32_t A[4];
       A[0] = *reinterpret_cast<const uint32_t*>(xa + ks * 16);

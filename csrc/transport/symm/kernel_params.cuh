@@ -38,8 +38,7 @@ struct PreWorkspace {
     data = c10::cuda::CUDACachingAllocator::get()->allocate(
         static_cast<size_t>(plan.ws_floats * sizeof(float)));
     a.ws = static_cast<float*>(data.get());
-    a.splits = static_cast<int>(plan.splits);
-    a.chunks_per_split = static_cast<int>(plan.per_split);
+    use_plan(a, plan);
   }
 };
 
