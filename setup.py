@@ -235,6 +235,21 @@ def _require_target_torch():
     )
 
 
+def _deliver(built_dir: Path, out_dir: Path, wanted: list[str], known: list[str]) -> None:
+    """Copies the `wanted` modules that CMake built into built_dir to out_dir (through a
+    temporary name, so that a process that has the old file mapped keeps it), and removes from
+    out_dir every other file of `known`, so that nothing an earlier build left there is shipped."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in known:
+        built, target = built_dir / name, out_dir / name
+        if name in wanted and built.is_file():
+            partial = target.with_name(target.name + ".partial")
+            shutil.copy2(built, partial)
+            os.replace(partial, target)
+        else:
+            target.unlink(missing_ok=True)
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -291,8 +306,12 @@ class CMakeBuild(build_ext):
             _default_arch_list(nvcc) if nvcc is not None else ""
         )
         torch_lib = Path(torch.__file__).parent / "lib"
+        # CMake links into this configuration's own folder and the modules are copied out after
+        # every build: setuptools' build_lib is shared by every configuration (a sanitizer build
+        # whose modules ninja found up to date would otherwise ship another build's modules).
+        staged = build_dir / "modules" / out_path.name
         args = [
-            f"-DMHC_SP_OUTPUT={out_path}",
+            f"-DMHC_SP_OUTPUT={staged}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DMHC_SP_PYTHON_INCLUDE={sysconfig.get_paths()['include']}",
             f"-DMHC_SP_PYBIND11_INCLUDE={pybind11.get_include()}",
@@ -342,11 +361,12 @@ class CMakeBuild(build_ext):
         cmake = _tool("cmake", "cmake")
         subprocess.check_call([cmake, "-S", str(ROOT), "-B", str(build_dir), *args], env=env)
         subprocess.check_call([cmake, "--build", str(build_dir)], env=env)
-        cxx_modules = [out_path.name, *self._beside(out_path)[1:]]  # the recorder is C
+        beside = self._beside(out_path)
+        # Test-only modules left in the folder by an earlier testing build are not this build's.
+        wanted = [out_path.name, beside[0], *(beside[1:] if _testing() else [])]
+        _deliver(staged.parent, out_path.parent, wanted, [out_path.name, *beside])
+        cxx_modules = [out_path.name, *beside[1:]]  # the recorder is C
         _check_shared_libstdcxx([out_path.with_name(n) for n in cxx_modules])
-        if not _testing():  # test-only modules left by an earlier build of this folder
-            for name in self._beside(out_path)[1:]:
-                out_path.with_name(name).unlink(missing_ok=True)
 
 
 setup(

@@ -418,3 +418,23 @@ def test_the_build_links_the_processes_shared_libstdcxx_and_refuses_a_module_wit
         pytest.skip("built without the NVTX recorder, the one module here without libstdc++")
     with pytest.raises(helpers["SetupError"], match="^libmhc_sp_nvtx_record.so: linked without"):
         helpers["_check_shared_libstdcxx"]([recorder])
+
+
+def test_each_build_ships_its_own_modules_and_nothing_left_from_another(tmp_path):
+    # setuptools' build_lib is shared by every configuration: a sanitizer build whose modules
+    # ninja found up to date shipped the other sanitizer's modules. CMake links into the
+    # configuration's own folder, and _deliver copies from there after every build.
+    deliver = setup_functions()["_deliver"]
+    known = ["_C.so", "rec.so", "_testing.so", "_emulated.so"]
+    address, thread, out = tmp_path / "address", tmp_path / "thread", tmp_path / "build_lib"
+    for folder in (address, thread):
+        folder.mkdir()
+        for name in known:
+            (folder / name).write_text(folder.name)
+    deliver(thread, out, known, known)
+    deliver(address, out, ["_C.so", "rec.so"], known)  # a build without the test-only modules
+    assert sorted(p.name for p in out.iterdir()) == ["_C.so", "rec.so"]
+    assert {p.read_text() for p in out.iterdir()} == {"address"}
+    (address / "rec.so").unlink()  # not built this time: the earlier copy goes too
+    deliver(address, out, ["_C.so", "rec.so"], known)
+    assert sorted(p.name for p in out.iterdir()) == ["_C.so"]
