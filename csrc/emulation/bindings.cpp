@@ -313,6 +313,11 @@ void bind(py::module_& m) {
       "dependent, and when it started and completed (steady clock, ns)");
   // False in the sanitizer builds (scripts/sanitize.sh), which leave out access_hooks.cpp.
   m.attr("access_checks") = py::bool_(MHC_SP_EMULATION_ACCESS_HOOKS != 0);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  m.attr("sanitized") = true;  // what the compiler was told, against the build's own choice above
+#else
+  m.attr("sanitized") = false;
+#endif
   m.def(
       "shared_variables", [] { return detail::shared_variables(); },
       "(name, bytes) of every __shared__ variable the racecheck watches");

@@ -25,6 +25,12 @@ needs_access_checks = pytest.mark.skipif(
 )
 
 
+def test_only_a_sanitizer_build_goes_without_the_access_checks():
+    # The tests below skip without the access hooks: a normal build that lost them would make
+    # the racecheck, poison and weak-poll tests skip silently.
+    assert E.access_checks is not E.sanitized
+
+
 @pytest.mark.parametrize("lane_mask", [1, 2, 16, 31])
 def test_shuffle_reads_the_partner_lane(lane_mask):
     got = E.selftest_shfl(lane_mask)
